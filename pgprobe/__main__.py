@@ -1,0 +1,3 @@
+from pgprobe.cli import main
+
+raise SystemExit(main())

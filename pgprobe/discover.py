@@ -1,0 +1,405 @@
+"""Find the cluster and the backends to trace: SQL (read-only) plus /proc.
+
+The SQL session is read-only, says who it is (application_name 'pgprobe') and
+is left out of the targets. /proc gives what SQL cannot: the postmaster PID and
+the server binary that the probes attach to. With `--pid` and no connection,
+everything comes from /proc.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pgprobe import proc
+from pgprobe.errors import EXIT_CONNECT, EXIT_TARGET, EXIT_USAGE, PgprobeError
+
+APPLICATION_NAME = "pgprobe"
+
+
+@dataclass(frozen=True)
+class ConnOptions:
+    """psql-like connection options; None means libpq's default (PG* env, .pgpass)."""
+
+    host: str | None = None
+    port: int | None = None
+    user: str | None = None
+    dbname: str | None = None  # may be a DSN ("host=... dbname=...") or a URI
+
+    def conninfo(self) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        extra: dict[str, Any] = {
+            "application_name": APPLICATION_NAME,
+            # Never write: every transaction of this session is read-only.
+            "options": "-c default_transaction_read_only=on -c statement_timeout=10s",
+            "connect_timeout": 10,
+        }
+        for key, value in (("host", self.host), ("port", self.port), ("user", self.user)):
+            if value is not None:
+                extra[key] = value
+        return make_conninfo(self.dbname or "", **extra)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One row of pg_stat_activity (or, without SQL, what /proc tells)."""
+
+    pid: int
+    backend_type: str = ""
+    datname: str = ""
+    usename: str = ""
+    application_name: str = ""
+    state: str = ""
+    wait_event_type: str = ""
+    wait_event: str = ""
+    query: str = ""
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "backend_type": self.backend_type,
+            "datname": self.datname,
+            "usename": self.usename,
+            "application_name": self.application_name,
+            "state": self.state,
+            "wait_event_type": self.wait_event_type,
+            "wait_event": self.wait_event,
+            "query": self.query,
+        }
+
+
+@dataclass
+class Cluster:
+    """The PostgreSQL instance pgprobe looks at."""
+
+    postmaster_pid: int
+    binary: str  # the server executable, as /proc/<postmaster>/exe names it
+    version_num: int  # e.g. 150018
+    version: str  # e.g. "15.18 (Debian 15.18-0+deb12u1)"
+    data_directory: str | None
+    own_pid: int | None = None  # pgprobe's own backend, never a target
+    backends: list[Backend] = field(default_factory=list)
+    conninfo: str | None = None  # None: /proc only, no SQL
+
+    @property
+    def major(self) -> int:
+        return self.version_num // 10000 if self.version_num >= 100000 else self.version_num // 100
+
+    def backend(self, pid: int) -> Backend | None:
+        return next((b for b in self.backends if b.pid == pid), None)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which backends to trace; all empty means the whole cluster."""
+
+    pids: tuple[int, ...] = ()
+    backend_types: tuple[str, ...] = ()
+    databases: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    applications: tuple[str, ...] = ()
+
+    @property
+    def whole_cluster(self) -> bool:
+        return not (
+            self.pids or self.backend_types or self.databases or self.users or self.applications
+        )
+
+
+@dataclass
+class Targets:
+    """The processes a tool traces."""
+
+    cluster: Cluster
+    pids: list[int]  # the selected pids (for the whole cluster: what was there at start)
+    whole_cluster: bool
+
+    def describe(self, pid: int) -> Backend:
+        """pg_stat_activity's row for pid, or a row made from /proc."""
+        found = self.cluster.backend(pid)
+        if found is not None:
+            return found
+        info = proc.read_info(pid)
+        title = info.cmdline if info else "(exited)"
+        return Backend(pid=pid, backend_type=_type_from_title(title))
+
+
+ACTIVITY_SQL = """
+SELECT pid, coalesce(backend_type, ''), coalesce(datname, ''), coalesce(usename, ''),
+       coalesce(application_name, ''), coalesce(state, ''),
+       coalesce(wait_event_type, ''), coalesce(wait_event, ''), coalesce(query, '')
+  FROM pg_stat_activity
+ WHERE pid <> pg_backend_pid()
+ ORDER BY pid
+"""
+
+
+def connect(opts: ConnOptions) -> Any:
+    """An autocommit, read-only psycopg connection, or a one-line PgprobeError."""
+    return connect_conninfo(opts.conninfo())
+
+
+def _first_line(exc: BaseException) -> str:
+    """libpq's message without its multi-line detail (it never contains a password)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    # psycopg prefixes "connection failed: connection to server ... failed:"; keep the reason.
+    text = lines[0] if lines else type(exc).__name__
+    for line in lines[1:]:
+        if not line.startswith(("DETAIL", "HINT")):
+            text = f"{text} {line}"
+    return text
+
+
+def read_backends(conn: Any) -> list[Backend]:
+    with conn.cursor() as cur:
+        cur.execute(ACTIVITY_SQL)
+        return [Backend(*row) for row in cur.fetchall()]
+
+
+def from_connection(conn: Any, conninfo: str | None = None) -> Cluster:
+    """The cluster behind `conn`, located on this machine through our own backend."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_backend_pid(), current_setting('server_version_num')::int,"
+            " current_setting('server_version'), current_setting('port')::int"
+        )
+        own_pid, version_num, version, port = cur.fetchone()
+        data_directory = _setting_or_none(conn, "data_directory")
+    postmaster = _local_postmaster(own_pid, port)
+    binary = _server_binary(postmaster)
+    cwd = proc.cwd(postmaster)
+    cluster = Cluster(
+        postmaster_pid=postmaster,
+        binary=binary,
+        version_num=version_num,
+        version=version,
+        data_directory=data_directory or cwd,
+        own_pid=own_pid,
+        conninfo=conninfo,
+    )
+    cluster.backends = read_backends(conn)
+    return cluster
+
+
+def _setting_or_none(conn: Any, name: str) -> str | None:
+    """A setting that needs pg_read_all_settings; None without that privilege."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT setting FROM pg_settings WHERE name = %s", (name,)
+        )  # hidden (no row) when not privileged, unlike current_setting() which raises
+        row = cur.fetchone()
+        return str(row[0]) if row else None
+
+
+def _local_postmaster(own_pid: int, port: int) -> int:
+    """The postmaster of our own backend, proving the server runs on this machine."""
+    info = proc.read_info(own_pid)
+    not_local = PgprobeError(
+        f"the server is not on this machine (its backend pid {own_pid} is not a local postgres "
+        "process): pgprobe must run on the database host",
+        EXIT_TARGET,
+    )
+    if info is None or not proc.is_postgres(info):
+        raise not_local
+    postmaster = info.ppid
+    # A pid that merely coincides locally would not have a postmaster.pid naming it.
+    lines = _postmaster_pid_file(postmaster)
+    if len(lines) < 4 or lines[0] != str(postmaster) or lines[3] != str(port):
+        raise not_local
+    return postmaster
+
+
+def _postmaster_pid_file(postmaster: int) -> list[str]:
+    cwd = proc.cwd(postmaster)
+    if cwd is None:
+        return []
+    try:
+        return (Path(cwd) / "postmaster.pid").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _server_binary(postmaster: int) -> str:
+    info = proc.read_info(postmaster)
+    if info is None or info.exe is None:
+        raise PgprobeError(
+            f"cannot read /proc/{postmaster}/exe (the server binary): run pgprobe as root",
+        )
+    return info.exe.removesuffix(" (deleted)")
+
+
+def from_pids(pids: Sequence[int]) -> Cluster:
+    """The cluster of the given backends, from /proc only (no SQL connection)."""
+    infos = [_postgres_process(pid) for pid in pids]
+    postmasters = {_postmaster_of(info) for info in infos}
+    if len(postmasters) > 1:
+        raise PgprobeError(
+            "the given pids belong to different PostgreSQL clusters (postmasters "
+            + ", ".join(str(p) for p in sorted(postmasters))
+            + ")",
+            EXIT_TARGET,
+        )
+    postmaster = postmasters.pop()
+    binary = _server_binary(postmaster)
+    version_num, version = binary_version(binary)
+    return Cluster(
+        postmaster_pid=postmaster,
+        binary=binary,
+        version_num=version_num,
+        version=version,
+        data_directory=proc.cwd(postmaster),
+        backends=[Backend(pid=i.pid, backend_type=_type_from_title(i.cmdline)) for i in infos],
+    )
+
+
+def _postgres_process(pid: int) -> proc.ProcInfo:
+    info = proc.read_info(pid)
+    if info is None:
+        raise PgprobeError(f"pid {pid} does not exist", EXIT_TARGET)
+    if not proc.is_postgres(info):
+        raise PgprobeError(
+            f"pid {pid} is not a PostgreSQL process ({info.comm}: {info.cmdline[:60]})",
+            EXIT_TARGET,
+        )
+    return info
+
+
+def _postmaster_of(info: proc.ProcInfo) -> int:
+    """A backend's postmaster is its parent; a postmaster is its own."""
+    parent = proc.read_info(info.ppid)
+    if parent is not None and proc.is_postgres(parent):
+        return parent.pid
+    return info.pid
+
+
+def binary_version(binary: str) -> tuple[int, str]:
+    """(version_num, version) from `postgres --version`, e.g. (150018, '15.18 (Debian ...)')."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PgprobeError(f"cannot run {binary} --version: {exc}") from None
+    return parse_version(out.split("(PostgreSQL)", 1)[-1].strip())
+
+
+def parse_version(version: str) -> tuple[int, str]:
+    """'15.18 (Debian ...)' -> (150018, version); '9.6.24' -> (90624, version)."""
+    match = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", version)
+    if not match:
+        return 0, version
+    major, minor, patch = (int(g) if g else 0 for g in match.groups())
+    if major >= 10:
+        return major * 10000 + minor, version
+    return major * 10000 + minor * 100 + patch, version
+
+
+def _type_from_title(title: str) -> str:
+    """A backend type guessed from the process title, e.g. 'postgres: checkpointer'."""
+    words = title.split(":", 1)
+    if len(words) < 2:
+        return "postmaster" if title.startswith(("postgres", "/")) else ""
+    rest = words[1].strip()
+    known = (
+        "checkpointer", "background writer", "walwriter", "autovacuum launcher",
+        "autovacuum worker", "logical replication launcher", "archiver", "logger",
+        "stats collector", "walsender", "walreceiver", "startup", "parallel worker",
+    )  # fmt: skip
+    for name in known:
+        if rest.startswith(name):
+            return name
+    return "client backend"
+
+
+def select_targets(cluster: Cluster, filters: Filters) -> Targets:
+    """The pids to trace: checked to be this cluster's, or matched by the filters."""
+    for pid in filters.pids:
+        _check_pid_in_cluster(cluster, pid)
+    if filters.whole_cluster:
+        return Targets(cluster, [b.pid for b in cluster.backends], whole_cluster=True)
+    if not filters.pids and cluster.conninfo is None:
+        raise PgprobeError("filters need a connection to PostgreSQL", EXIT_USAGE)
+    chosen = _matching(cluster.backends, filters) if _has_sql_filters(filters) else []
+    pids = sorted(set(filters.pids) | {b.pid for b in chosen})
+    if filters.pids and _has_sql_filters(filters):
+        # Both given: a backend must be named and match (filters narrow the list).
+        pids = sorted(set(filters.pids) & {b.pid for b in chosen})
+    if not pids:
+        raise PgprobeError("no backend matches the given filters", EXIT_TARGET)
+    return Targets(cluster, pids, whole_cluster=False)
+
+
+def _has_sql_filters(filters: Filters) -> bool:
+    return bool(filters.backend_types or filters.databases or filters.users or filters.applications)
+
+
+def _matching(backends: Iterable[Backend], f: Filters) -> list[Backend]:
+    def ok(values: tuple[str, ...], value: str) -> bool:
+        return not values or value in values
+
+    return [
+        b
+        for b in backends
+        if ok(f.backend_types, b.backend_type)
+        and ok(f.databases, b.datname)
+        and ok(f.users, b.usename)
+        and ok(f.applications, b.application_name)
+    ]
+
+
+def _check_pid_in_cluster(cluster: Cluster, pid: int) -> None:
+    if pid == cluster.own_pid:
+        raise PgprobeError(f"pid {pid} is pgprobe's own connection", EXIT_TARGET)
+    info = _postgres_process(pid)
+    if pid != cluster.postmaster_pid and info.ppid != cluster.postmaster_pid:
+        other = _postmaster_of(info)
+        where = proc.cwd(other) or "?"
+        raise PgprobeError(
+            f"pid {pid} belongs to another PostgreSQL cluster (postmaster {other}, {where}), "
+            f"not to the one pgprobe is connected to (postmaster {cluster.postmaster_pid})",
+            EXIT_TARGET,
+        )
+
+
+def refresh_backends(cluster: Cluster) -> None:
+    """Re-read pg_stat_activity, keeping rows of backends that have exited since."""
+    if cluster.conninfo is None:
+        return
+    try:
+        conn = connect_conninfo(cluster.conninfo)
+        with conn:
+            fresh = read_backends(conn)
+    except PgprobeError:
+        return  # the server may be gone; what we saw at start still describes the pids
+    known = {b.pid: b for b in cluster.backends}
+    known.update({b.pid: b for b in fresh if b.pid != cluster.own_pid})
+    cluster.backends = sorted(known.values(), key=lambda b: b.pid)
+
+
+def connect_conninfo(conninfo: str) -> Any:
+    import psycopg
+
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        raise PgprobeError(
+            f"cannot connect to PostgreSQL: {_first_line(exc)}", EXIT_CONNECT
+        ) from None
+
+
+def discover(opts: ConnOptions, filters: Filters) -> Targets:
+    """Connect, find the cluster and pick the targets; /proc only when --pid allows it."""
+    try:
+        conn = connect(opts)
+    except PgprobeError:
+        if not filters.pids or _has_sql_filters(filters):
+            raise
+        return select_targets(from_pids(filters.pids), filters)
+    with conn:
+        cluster = from_connection(conn, conninfo=opts.conninfo())
+    return select_targets(cluster, filters)

@@ -1,0 +1,411 @@
+"""The bpftrace engine: run bpf/<tool>.bt with -f json and turn its output into records.
+
+Only validated values reach bpftrace: integers, and paths pgprobe resolved itself,
+passed as positional parameters ($1, $2, ...). Scripts are never edited or
+spliced. The capture ends at the end of the duration or on Ctrl-C / SIGTERM:
+bpftrace gets SIGINT, prints its maps, and those are still reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pgprobe.engines.base import (
+    AggValue,
+    Event,
+    Key,
+    KeyKind,
+    KeyValue,
+    Line,
+    Log2Hist,
+    MapSpec,
+    RunInfo,
+    Snapshot,
+    Stats,
+)
+from pgprobe.errors import EXIT_ENV, EXIT_TRACER, EXIT_USAGE, PgprobeError
+from pgprobe.scripts import script_path
+from pgprobe.stacks import parse_bpftrace_stack
+
+# bpftrace prints this at every start where RLIMIT_MEMLOCK cannot be raised (containers,
+# recent kernels that account BPF memory to the cgroup instead): it is not a failure.
+BENIGN_STDERR = ("couldn't set RLIMIT_MEMLOCK",)
+STARTUP_TIMEOUT_S = 60.0
+STOP_GRACE_S = 5.0
+TRACEFS = Path("/sys/kernel/tracing")
+DEBUGFS = Path("/sys/kernel/debug")
+
+Arg = int | Path
+TickCallback = Callable[[RunInfo, float | None], None]
+
+
+def find_bpftrace() -> str:
+    """The bpftrace executable: $PGPROBE_BPFTRACE, else the one on PATH."""
+    configured = os.environ.get("PGPROBE_BPFTRACE")
+    found = configured if configured and os.access(configured, os.X_OK) else None
+    found = found or shutil.which("bpftrace")
+    if not found:
+        raise PgprobeError(
+            "bpftrace not found: install it with `apt-get install bpftrace` "
+            "(or set PGPROBE_BPFTRACE to its path)",
+            EXIT_ENV,
+        )
+    return found
+
+
+def bpftrace_version(bpftrace: str) -> str:
+    try:
+        out = subprocess.run(
+            [bpftrace, "--version"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.strip().removeprefix("bpftrace ").strip() or "unknown"
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise PgprobeError(
+            "tracing needs root (or CAP_BPF and CAP_PERFMON): run `sudo pgprobe ...`", EXIT_ENV
+        )
+
+
+def ensure_tracefs() -> list[str]:
+    """Mount tracefs/debugfs when missing (uprobe detach and tracepoints use them).
+
+    Returns warnings for what could not be mounted, with the command to do it.
+    """
+    warnings = []
+    for path, fstype, source in ((TRACEFS, "tracefs", "nodev"), (DEBUGFS, "debugfs", "none")):
+        marker = path / ("uprobe_events" if fstype == "tracefs" else "tracing")
+        if marker.exists() or not path.is_dir():
+            continue
+        done = subprocess.run(
+            ["mount", "-t", fstype, source, str(path)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            warnings.append(
+                f"{fstype} is not mounted and could not be mounted "
+                f"(`mount -t {fstype} {source} {path}`): {done.stderr.strip()}"
+            )
+    return warnings
+
+
+def validate_args(args: Sequence[Arg]) -> list[str]:
+    """Positional parameters as argv strings: ints, or existing absolute paths."""
+    out = []
+    for arg in args:
+        if isinstance(arg, bool) or not isinstance(arg, (int, Path)):
+            raise TypeError(f"probe parameters are ints or Paths, not {arg!r}")
+        if isinstance(arg, Path):
+            text = str(arg)
+            # ':' would split bpftrace's attach point; whitespace has no place in our paths.
+            if not arg.is_absolute() or not arg.exists() or re.search(r"[\s:\"'\\]", text):
+                raise PgprobeError(f"unusable path for a probe: {text!r}", EXIT_USAGE)
+            out.append(text)
+        else:
+            out.append(str(int(arg)))
+    return out
+
+
+class BpftraceCapture:
+    """One run of a bpftrace script; iterate `events()` for snapshots and lines."""
+
+    def __init__(
+        self,
+        script: str,
+        args: Sequence[Arg],
+        specs: Sequence[MapSpec],
+        duration: float | None,
+        env: dict[str, str] | None = None,
+        on_tick: TickCallback | None = None,
+    ) -> None:
+        self.bpftrace = find_bpftrace()
+        self.script = script_path("bpf", script)
+        self.argv = [self.bpftrace, "-f", "json", "-k", str(self.script), *validate_args(args)]
+        self.specs = {f"@{s.name}": s for s in specs}
+        self.duration = duration
+        self.env = {**os.environ, **(env or {})}
+        self.on_tick = on_tick
+        self.info = RunInfo(engine="bpftrace", engine_version=bpftrace_version(self.bpftrace))
+        self._stderr: list[str] = []
+        self._resent = False
+
+    # -- running -------------------------------------------------------------------------
+
+    def events(self) -> Iterator[Event]:
+        self.info.warnings.extend(ensure_tracefs())
+        started = time.monotonic()
+        child = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,  # our SIGINT handler decides when bpftrace stops
+        )
+        assert child.stdout is not None and child.stderr is not None
+        reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
+        reader.start()
+        parser = _OutputParser(self.specs, self.info)
+        with _StopRequest() as stop:
+            try:
+                yield from self._pump(child, parser, stop, started)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                child.wait()
+                reader.join(timeout=2)
+        yield from parser.finish()
+        self._check_exit(child.returncode)
+
+    def _pump(
+        self,
+        child: subprocess.Popen[bytes],
+        parser: _OutputParser,
+        stop: _StopRequest,
+        started: float,
+    ) -> Iterator[Event]:
+        assert child.stdout is not None
+        fd = child.stdout.fileno()
+        selector = selectors.DefaultSelector()
+        selector.register(fd, selectors.EVENT_READ)
+        pending = b""
+        attached_at: float | None = None
+        signalled_at: float | None = None
+        while True:
+            if selector.select(timeout=0.2):
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    yield from parser.feed(raw)
+            now = time.monotonic()
+            if attached_at is None and self.info.probes_attached:
+                attached_at = now
+                self.info.attach_seconds = now - started
+            if attached_at is not None and signalled_at is None:
+                self.info.duration_seconds = now - attached_at
+            remaining = None
+            if attached_at is not None and self.duration is not None:
+                remaining = max(0.0, self.duration - (now - attached_at))
+            if signalled_at is None and (stop.requested or remaining == 0.0):
+                self.info.interrupted = stop.requested
+                child.send_signal(signal.SIGINT)
+                signalled_at = now
+            elif signalled_at is not None:
+                self._insist(child, now - signalled_at)
+            if attached_at is None and now - started > STARTUP_TIMEOUT_S and signalled_at is None:
+                child.kill()
+                raise PgprobeError(
+                    f"bpftrace did not attach its probes within {STARTUP_TIMEOUT_S:.0f} s",
+                    EXIT_TRACER,
+                )
+            if self.on_tick is not None:
+                self.on_tick(self.info, remaining)
+        if pending.strip():
+            yield from parser.feed(pending)
+
+    def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
+        """bpftrace normally exits within a second of SIGINT; if not, ask again, then kill."""
+        if waited > STOP_GRACE_S * 3 and child.poll() is None:
+            child.kill()
+            self.info.warnings.append(
+                f"bpftrace did not stop within {STOP_GRACE_S * 3:.0f} s of SIGINT and was "
+                "killed: its maps are lost"
+            )
+        elif waited > STOP_GRACE_S and not self._resent:
+            self._resent = True
+            child.send_signal(signal.SIGINT)
+            self.info.warnings.append(f"bpftrace ignored SIGINT for {STOP_GRACE_S:.0f} s")
+
+    def _drain_stderr(self, stream: Any) -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace").rstrip()
+            if line and not any(b in line for b in BENIGN_STDERR):
+                self._stderr.append(line)
+
+    def _check_exit(self, returncode: int) -> None:
+        lost = sum(int(m.group(1)) for ln in self._stderr if (m := _LOST.search(ln)))
+        self.info.lost_events += lost
+        problems = [ln for ln in self._stderr if not _LOST.search(ln)]
+        if returncode == 0 or (self.info.probes_attached and returncode == -signal.SIGINT):
+            self.info.warnings.extend(problems)
+            return
+        if not self.info.probes_attached:
+            raise PgprobeError(f"bpftrace failed: {explain(problems)}", EXIT_TRACER)
+        self.info.warnings.append(f"bpftrace exited with status {returncode}")
+        self.info.warnings.extend(problems)
+
+
+_LOST = re.compile(r"Lost (\d+) events")
+
+
+def explain(stderr_lines: list[str]) -> str:
+    """The most useful line of bpftrace's complaint, with a hint for known causes."""
+    errors = [ln for ln in stderr_lines if "ERROR" in ln] or stderr_lines or ["no output"]
+    text = errors[0].replace("ERROR:", "").strip()
+    if "Operation not permitted" in text or "permission" in text.lower():
+        text += " (run as root)"
+    return text
+
+
+class _StopRequest:
+    """Turns Ctrl-C and SIGTERM into a flag while a capture runs."""
+
+    requested = False
+
+    def __enter__(self) -> _StopRequest:
+        self._old = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+class _OutputParser:
+    """bpftrace -f json messages -> Snapshots and Lines.
+
+    A `time` message opens a snapshot (the scripts print one before each set of
+    maps, and in END before bpftrace prints the maps left at exit).
+    """
+
+    def __init__(self, specs: dict[str, MapSpec], info: RunInfo) -> None:
+        self.specs = specs
+        self.info = info
+        self.current: Snapshot | None = None
+        self.partial_line = ""
+
+    def feed(self, raw: bytes) -> Iterator[Event]:
+        raw = raw.strip()
+        if not raw:
+            return
+        try:
+            msg = json.loads(raw)
+        except json.JSONDecodeError:
+            self.info.warnings.append(raw.decode(errors="replace")[:200])
+            return
+        kind, data = msg.get("type"), msg.get("data")
+        if kind == "attached_probes":
+            self.info.probes_attached = int(data["probes"])
+        elif kind == "time":
+            if self.current is not None:
+                yield self.current
+            self.current = Snapshot(label=str(data).strip())
+        elif kind == "printf":
+            yield from self._lines(str(data))
+        elif kind in ("map", "hist", "stats"):
+            self._add_maps(kind, data)
+        elif kind == "lost_events":
+            self.info.lost_events += int(data.get("events", 0))
+        elif kind == "helper_error":
+            if msg.get("helper") == "map_update_elem":
+                self.info.failed_map_updates += 1
+            else:
+                self.info.warnings.append(f"bpf helper {msg.get('helper')} failed")
+
+    def finish(self) -> Iterator[Event]:
+        if self.partial_line:
+            yield Line(self.partial_line)
+            self.partial_line = ""
+        if self.current is not None:
+            self.current.final = True
+            yield self.current
+            self.current = None
+
+    def _lines(self, text: str) -> Iterator[Line]:
+        text = self.partial_line + text
+        *complete, self.partial_line = text.split("\n")
+        for line in complete:
+            yield Line(line)
+
+    def _add_maps(self, kind: str, data: dict[str, Any]) -> None:
+        if self.current is None:
+            self.current = Snapshot()
+        for name, body in data.items():
+            spec = self.specs.get(name)
+            key_kinds = spec.key if spec else None
+            self.current.maps[name.lstrip("@")] = parse_map(kind, body, key_kinds)
+
+
+def parse_map(kind: str, body: Any, key_kinds: tuple[KeyKind, ...] | None) -> dict[Key, AggValue]:
+    """One map of bpftrace's JSON into {typed key tuple: value}."""
+    if _is_keyless(kind, body):
+        return {(): parse_value(kind, body)}
+    return {split_key(raw, key_kinds): parse_value(kind, value) for raw, value in body.items()}
+
+
+def _is_keyless(kind: str, body: Any) -> bool:
+    if kind == "hist":
+        return isinstance(body, list)
+    if kind == "stats":
+        return (
+            isinstance(body, dict)
+            and set(body) == {"count", "average", "total"}
+            and all(isinstance(v, int) for v in body.values())
+        )
+    return not isinstance(body, dict)
+
+
+def parse_value(kind: str, value: Any) -> AggValue:
+    if kind == "stats":
+        return Stats(count=int(value["count"]), total=int(value["total"]))
+    if kind == "hist":
+        return Log2Hist(tuple(_bucket(b) for b in value))
+    return int(value)
+
+
+_NEG_INF = -(2**63)
+_POS_INF = 2**64 - 1
+
+
+def _bucket(b: dict[str, int]) -> tuple[int, int, int]:
+    # bpftrace leaves out "min" for the negative bucket and "max" for the last one.
+    return (int(b.get("min", _NEG_INF)), int(b.get("max", _POS_INF)), int(b["count"]))
+
+
+def split_key(raw: str, kinds: tuple[KeyKind, ...] | None) -> Key:
+    """'1234,WALWrite,Exclusive' -> (1234, 'WALWrite', 'Exclusive') per the declared kinds.
+
+    bpftrace joins key fields with commas; a text or stack field may itself hold
+    commas, so the first such field takes whatever the fixed fields leave over.
+    """
+    if not kinds:
+        return (raw,)
+    parts = raw.split(",")
+    free = next((i for i, k in enumerate(kinds) if k in ("str", "stack")), None)
+    if free is not None and len(parts) > len(kinds):
+        tail = len(kinds) - free - 1
+        middle = ",".join(parts[free : len(parts) - tail])
+        parts = [*parts[:free], middle, *parts[len(parts) - tail :]]
+    if len(parts) != len(kinds):
+        raise ValueError(f"map key {raw!r} does not have {len(kinds)} fields")
+    return tuple(_convert(text, kind) for text, kind in zip(parts, kinds, strict=True))
+
+
+def _convert(text: str, kind: KeyKind) -> KeyValue:
+    if kind == "int":
+        return int(text)
+    if kind == "stack":
+        return parse_bpftrace_stack(text)
+    return text

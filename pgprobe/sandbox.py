@@ -1,0 +1,168 @@
+"""A throwaway PostgreSQL cluster of the installed server, for tests, the demo and benchmarks.
+
+initdb + pg_ctl in a temporary directory, on a free port, listening only on a
+Unix socket in that directory; run as the `postgres` OS user when we are root.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psycopg
+
+
+def pg_bindir() -> Path:
+    """$PGPROBE_PG_BINDIR, else the newest /usr/lib/postgresql/*/bin, else pg_config's."""
+    configured = os.environ.get("PGPROBE_PG_BINDIR")
+    if configured:
+        return Path(configured)
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
+    if found:
+        return Path(found[-1])
+    out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def as_postgres(argv: Sequence[str]) -> list[str]:
+    """Run argv as the postgres OS user when root (initdb refuses root)."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return list(argv)
+
+
+class PgCluster:
+    def __init__(
+        self,
+        settings: dict[str, str] | None = None,
+        postgres_binary: Path | None = None,
+        name: str = "pgprobe-test",
+    ) -> None:
+        self.bindir = pg_bindir()
+        self.postgres_binary = postgres_binary  # another server binary (e.g. without probes)
+        self.root = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        self.settings = {
+            "listen_addresses": "''",
+            "unix_socket_directories": f"'{self.root}'",
+            "port": str(self.port),
+            "fsync": "off",
+            "max_connections": "40",
+            **(settings or {}),
+        }
+        self._server: subprocess.Popen[bytes] | None = None
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self, auth: str = "trust") -> PgCluster:
+        self._run([str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
+                   "-A", auth, "--no-sync", "--no-instructions"])  # fmt: skip
+        with open(self.data / "postgresql.conf", "a") as conf:
+            for key, value in self.settings.items():
+                conf.write(f"{key} = {value}\n")
+        if self.postgres_binary is None:
+            self._run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60",
+                       "-l", str(self.root / "server.log"), "start"])  # fmt: skip
+        else:
+            log = open(self.root / "server.log", "ab")  # noqa: SIM115 - the server keeps it
+            self._server = subprocess.Popen(
+                as_postgres([str(self.postgres_binary), "-D", str(self.data)]),
+                stdout=log,
+                stderr=log,
+            )
+            self._wait_ready()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.terminate()
+            self._server.wait(timeout=60)
+        elif (self.data / "postmaster.pid").exists():
+            subprocess.run(
+                as_postgres(
+                    [
+                        str(self.bindir / "pg_ctl"),
+                        "-D",
+                        str(self.data),
+                        "-m",
+                        "immediate",
+                        "-w",
+                        "stop",
+                    ]
+                ),  # fmt: skip
+                capture_output=True,
+            )
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> PgCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self, argv: Sequence[str]) -> None:
+        done = subprocess.run(as_postgres(argv), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed: {done.stdout}{done.stderr}{self.log_tail()}")
+
+    def log_tail(self, size: int = 2000) -> str:
+        log = self.root / "server.log"
+        return log.read_text(errors="replace")[-size:] if log.exists() else ""
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(self.conninfo, connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                time.sleep(0.2)
+        raise RuntimeError("server did not start: " + self.log_tail())
+
+    # -- using it --------------------------------------------------------------------------
+
+    @property
+    def conninfo(self) -> str:
+        return f"host={self.root} port={self.port} user=postgres dbname=postgres"
+
+    @property
+    def conn_args(self) -> list[str]:
+        """pgprobe's connection options for this cluster."""
+        return ["-h", str(self.root), "-p", str(self.port), "-U", "postgres"]
+
+    @property
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def connect(self, **kwargs: object) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.conninfo, autocommit=True, **kwargs)  # type: ignore[arg-type]
+
+    def sql(self, query: str) -> list[tuple[object, ...]]:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(query)
+            return cur.fetchall() if cur.description else []
+
+    def pgbench(self, *args: str) -> subprocess.Popen[str]:
+        """pgbench against this cluster, in the background (wait() or communicate() on it)."""
+        argv = [str(self.bindir / "pgbench"), "-h", str(self.root), "-p", str(self.port),
+                "-U", "postgres", *args, "postgres"]  # fmt: skip
+        # A client needs no special user; run directly so that signals reach it.
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,0 +1,251 @@
+"""What every tracing tool does the same way: options, checks, capture, meta, output."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pgprobe import discover
+from pgprobe.discover import Targets
+from pgprobe.engines import bpftrace
+from pgprobe.engines.base import Line, MapSpec, RunInfo, Snapshot
+
+MAX_DURATION_S = 24 * 3600
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0: {text}")
+    return value
+
+
+def pid_value(text: str) -> int:
+    value = positive_int(text)
+    if value > 2**22:  # PID_MAX_LIMIT on 64-bit Linux
+        raise argparse.ArgumentTypeError(f"not a valid pid: {text}")
+    return value
+
+
+def duration_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_DURATION_S} seconds")
+    return value
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection (as psql; PG* variables and .pgpass apply)")
+    group.add_argument("-h", "--host", help="server host or socket directory")
+    group.add_argument("-p", "--port", type=positive_int, help="server port")
+    group.add_argument("-U", "--username", help="database user")
+    # -d is the duration in every pgprobe tool, so the database name is long-only.
+    group.add_argument("--dbname", help="database name, or a connection string / URI")
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("targets (default: every process of the cluster)")
+    group.add_argument(
+        "--pid", type=pid_value, action="append", default=[], help="a backend pid (repeatable)"
+    )
+    group.add_argument(
+        "--backend-type", action="append", default=[], help="e.g. 'client backend', 'walwriter'"
+    )
+    group.add_argument("--database", action="append", default=[], help="backends of a database")
+    group.add_argument("--user", action="append", default=[], help="backends of a user")
+    group.add_argument(
+        "--application", action="append", default=[], help="backends with this application_name"
+    )
+
+
+def add_capture_arguments(parser: argparse.ArgumentParser, default_duration: float) -> None:
+    parser.add_argument(
+        "-d",
+        "--duration",
+        type=duration_value,
+        default=default_duration,
+        metavar="SECONDS",
+        help=f"how long to trace (default {default_duration:g}); Ctrl-C ends early",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def conn_options(ns: argparse.Namespace) -> discover.ConnOptions:
+    return discover.ConnOptions(host=ns.host, port=ns.port, user=ns.username, dbname=ns.dbname)
+
+
+def filters(ns: argparse.Namespace) -> discover.Filters:
+    return discover.Filters(
+        pids=tuple(ns.pid),
+        backend_types=tuple(ns.backend_type),
+        databases=tuple(ns.database),
+        users=tuple(ns.user),
+        applications=tuple(ns.application),
+    )
+
+
+def prepare(ns: argparse.Namespace, check_server: Callable[[Targets], None]) -> Targets:
+    """Everything that must hold before tracing, cheapest and most telling first."""
+    bpftrace.require_root()
+    bpftrace.find_bpftrace()
+    targets = discover.discover(conn_options(ns), filters(ns))
+    check_server(targets)
+    return targets
+
+
+def bpftrace_capture(
+    ns: argparse.Namespace,
+    script: str,
+    args: Sequence[int | Path],
+    specs: Sequence[MapSpec],
+    env: dict[str, str] | None = None,
+) -> bpftrace.BpftraceCapture:
+    return bpftrace.BpftraceCapture(script, args, specs, duration=ns.duration, env=env)
+
+
+def snapshots(
+    capture: bpftrace.BpftraceCapture, ns: argparse.Namespace, what: str
+) -> Iterator[tuple[Snapshot, RunInfo]]:
+    """The capture's snapshots, with a countdown on a terminal's stderr meanwhile."""
+    with Countdown(what, ns.duration) as countdown:
+        capture.on_tick = countdown.tick
+        for event in capture.events():
+            if isinstance(event, Snapshot):
+                with countdown.paused():
+                    yield event, capture.info
+            elif isinstance(event, Line):
+                with countdown.paused():
+                    print(event.text, flush=True)
+
+
+class Countdown:
+    """A rich progress bar on stderr while collecting; nothing when not a terminal."""
+
+    def __init__(self, what: str, duration: float) -> None:
+        self.what = what
+        self.duration = duration
+        self.progress: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> Countdown:
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[left]}"),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.progress.add_task(
+                f"attaching probes for {self.what}...", total=self.duration, left=""
+            )
+            self.progress.start()
+        return self
+
+    def tick(self, info: RunInfo, remaining: float | None) -> None:
+        if self.progress is None or remaining is None:
+            return
+        self.progress.update(
+            self.task,
+            description=f"collecting {self.what}",
+            completed=self.duration - remaining,
+            left=f"{remaining:4.0f} s left (Ctrl-C to stop early)",
+        )
+
+    def paused(self) -> _Paused:
+        return _Paused(self.progress)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+class _Paused:
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+
+    def __enter__(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.start()
+
+
+def refresh_if_needed(targets: Targets, needed: bool) -> None:
+    """Names for backends that appeared during the capture (from pg_stat_activity)."""
+    if needed:
+        discover.refresh_backends(targets.cluster)
+
+
+def meta(targets: Targets, info: RunInfo, snapshot: Snapshot, **extra: Any) -> dict[str, Any]:
+    cluster = targets.cluster
+    data: dict[str, Any] = {
+        "duration_s": round(info.duration_seconds, 3),
+        "engine": info.engine,
+        "engine_version": info.engine_version,
+        "target": "cluster" if targets.whole_cluster else "pids",
+        "pids": targets.pids,
+        "postmaster_pid": cluster.postmaster_pid,
+        "postgres_version": cluster.version,
+        "postgres_version_num": cluster.version_num,
+        "server_binary": cluster.binary,
+        "data_directory": cluster.data_directory,
+        "lost_events": info.lost_events,
+        "failed_map_updates": info.failed_map_updates,
+        "interrupted": info.interrupted,
+        "final": snapshot.final,
+        "snapshot_time": snapshot.label,
+        "attach_s": round(info.attach_seconds, 3),
+        "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "warnings": list(info.warnings),
+    }
+    data.update({k: v for k, v in extra.items() if v is not None})
+    return data
+
+
+def print_json(tool: str, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    print(json.dumps({"tool": tool, "meta": meta, "rows": rows}), flush=True)
+
+
+def title(what: str, meta: dict[str, Any]) -> str:
+    who = (
+        "whole cluster"
+        if meta["target"] == "cluster"
+        else "pids " + ", ".join(str(p) for p in meta["pids"])
+    )
+    when = f" at {meta['snapshot_time']}" if meta.get("interval") else ""
+    stop = ", interrupted" if meta["interrupted"] else ""
+    return (
+        f"{what}{when}: {who} (postmaster {meta['postmaster_pid']}, PostgreSQL "
+        f"{meta['postgres_version'].split()[0]}), {meta['duration_s']:.1f} s traced{stop}"
+    )
+
+
+def print_losses(info: RunInfo) -> None:
+    """Every loss is said (on stderr, so piped tables stay clean)."""
+    if info.lost_events:
+        print(f"pgprobe: warning: {info.lost_events} events lost", file=sys.stderr)
+    if info.failed_map_updates:
+        print(
+            f"pgprobe: warning: {info.failed_map_updates} updates refused by full BPF maps "
+            "(counts are low)",
+            file=sys.stderr,
+        )
+    for warning in info.warnings:
+        print(f"pgprobe: warning: {warning}", file=sys.stderr)

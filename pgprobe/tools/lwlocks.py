@@ -1,0 +1,251 @@
+"""`pgprobe lwlocks`: LWLock wait time per tranche and mode (bpf/lwlock_wait.bt).
+
+The kernel times every wait and keeps, per (pid, tranche, mode), the count, the
+total, the max and a log2 histogram; this module turns those into rows sorted
+by total wait time, with percentiles estimated from the histogram.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pgprobe import histogram, usdt
+from pgprobe.discover import Targets
+from pgprobe.engines.base import KeyKind, Log2Hist, MapSpec, RunInfo, Snapshot, Stats
+from pgprobe.errors import EXIT_ENV, EXIT_USAGE, PgprobeError
+from pgprobe.render import table
+from pgprobe.tools import common
+
+NAME = "lwlocks"
+SCRIPT = "lwlock_wait.bt"
+PROBES = ("lwlock__wait__start", "lwlock__wait__done")
+MIN_MAJOR = 13  # names in the probe equal pg_stat_activity's wait_event from 13 on
+
+KEY: tuple[KeyKind, ...] = ("int", "str", "str")  # pid (0 unless keyed by pid), tranche, mode
+MAPS = (
+    MapSpec("wait_stats", KEY),
+    MapSpec("wait_max_ns", KEY),
+    MapSpec("wait_ns", KEY),
+)
+
+
+@dataclass(frozen=True)
+class WaitRecord:
+    """What the kernel aggregated for one (pid, tranche, mode)."""
+
+    pid: int
+    tranche: str
+    mode: str
+    waits: int
+    total_ns: int
+    max_ns: int
+    hist: Log2Hist
+
+
+@dataclass(frozen=True)
+class WaitRow:
+    """One line of the table (and one JSON row)."""
+
+    tranche: str
+    mode: str
+    waits: int
+    total_ns: int
+    max_ns: int
+    hist: Log2Hist
+    share: float  # of all wait time in the snapshot, 0..1
+    pid: int | None = None
+    backend_type: str = ""
+    application_name: str = ""
+
+    def percentile_us(self, fraction: float) -> float:
+        return histogram.percentile(self.hist, fraction, self.max_ns) / 1000
+
+    def as_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        if self.pid is not None:
+            row.update(
+                pid=self.pid,
+                backend_type=self.backend_type,
+                application_name=self.application_name,
+            )
+        row.update(
+            tranche=self.tranche,
+            mode=self.mode,
+            waits=self.waits,
+            total_us=round(self.total_ns / 1000, 3),
+            avg_us=round(self.total_ns / self.waits / 1000, 3) if self.waits else 0.0,
+            p50_us=round(self.percentile_us(0.50), 3),
+            p95_us=round(self.percentile_us(0.95), 3),
+            p99_us=round(self.percentile_us(0.99), 3),
+            max_us=round(self.max_ns / 1000, 3),
+            share_pct=round(100 * self.share, 2),
+        )
+        return row
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--by", choices=["pid"], help="one row per backend as well (pid, type, application)"
+    )
+    parser.add_argument(
+        "--interval",
+        type=common.positive_int,
+        metavar="N",
+        help="print a fresh table every N seconds until the duration ends",
+    )
+
+
+def check_server(targets: Targets) -> None:
+    cluster = targets.cluster
+    if cluster.version_num and cluster.major < MIN_MAJOR:
+        raise PgprobeError(
+            f"lwlocks supports PostgreSQL {MIN_MAJOR} and later; this server is "
+            f"{cluster.version}: before 13 the lwlock__wait__start probe names individual "
+            "locks 'main' (11-12) or passes a tranche number (10 and older)",
+            EXIT_ENV,
+        )
+    usdt.require(cluster.binary, PROBES)
+
+
+def script_args(targets: Targets, by_pid: bool, interval: int | None) -> list[int | Path]:
+    """$1 binary, $2 postmaster, $3 key by pid, $4 interval, $5 single pid."""
+    cluster = targets.cluster
+    single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
+    # A subset of several pids is filtered here in Python, from per-pid keys.
+    key_by_pid = by_pid or (not targets.whole_cluster and not single)
+    return [Path(cluster.binary), cluster.postmaster_pid, int(key_by_pid), interval or 0, single]
+
+
+def records(snapshot: Snapshot) -> list[WaitRecord]:
+    stats, maxes, hists = (snapshot.get(m.name) for m in MAPS)
+    out = []
+    for key, value in stats.items():
+        assert isinstance(value, Stats)
+        pid, tranche, mode = key
+        max_ns = maxes.get(key, 0)
+        hist = hists.get(key, Log2Hist(()))
+        assert isinstance(max_ns, int) and isinstance(hist, Log2Hist)
+        assert isinstance(pid, int) and isinstance(tranche, str) and isinstance(mode, str)
+        out.append(WaitRecord(pid, tranche, mode, value.count, value.total, max_ns, hist))
+    return out
+
+
+def rows(recs: Iterable[WaitRecord], targets: Targets, by_pid: bool) -> list[WaitRow]:
+    """Records of the targets, grouped per (tranche, mode) or per (pid, tranche, mode)."""
+    wanted = None if targets.whole_cluster else set(targets.pids)
+    groups: dict[tuple[int | None, str, str], list[WaitRecord]] = defaultdict(list)
+    for rec in recs:
+        if wanted is not None and rec.pid and rec.pid not in wanted:
+            continue
+        groups[(rec.pid if by_pid else None, rec.tranche, rec.mode)].append(rec)
+    grand_total = sum(r.total_ns for group in groups.values() for r in group)
+    out = []
+    for (pid, tranche, mode), group in groups.items():
+        total = sum(r.total_ns for r in group)
+        backend = targets.describe(pid) if pid is not None else None
+        out.append(
+            WaitRow(
+                tranche=tranche,
+                mode=mode,
+                waits=sum(r.waits for r in group),
+                total_ns=total,
+                max_ns=max(r.max_ns for r in group),
+                hist=histogram.merge(r.hist for r in group),
+                share=total / grand_total if grand_total else 0.0,
+                pid=pid,
+                backend_type=backend.backend_type if backend else "",
+                application_name=backend.application_name if backend else "",
+            )
+        )
+    out.sort(key=lambda r: (-r.total_ns, r.tranche, r.mode, r.pid or 0))
+    return out
+
+
+COLUMNS = [
+    table.Column("tranche", "TRANCHE"),
+    table.Column("mode", "MODE"),
+    table.Column("waits", "WAITS", numeric=True),
+    table.Column("total_ms", "TOTAL ms", numeric=True),
+    table.Column("avg_us", "AVG us", numeric=True),
+    table.Column("p50_us", "P50 us", numeric=True),
+    table.Column("p95_us", "P95 us", numeric=True),
+    table.Column("p99_us", "P99 us", numeric=True),
+    table.Column("max_us", "MAX us", numeric=True),
+    table.Column("share_pct", "SHARE", numeric=True),
+]
+PID_COLUMNS = [
+    table.Column("pid", "PID", numeric=True),
+    table.Column("backend_type", "BACKEND TYPE"),
+    table.Column("application_name", "APPLICATION"),
+]
+
+
+def table_cells(row: WaitRow) -> dict[str, str]:
+    data = row.as_json()
+    cells = {
+        "tranche": row.tranche,
+        "mode": row.mode,
+        "waits": f"{row.waits:,}",
+        "total_ms": f"{row.total_ns / 1e6:,.3f}",
+        "avg_us": f"{data['avg_us']:,.1f}",
+        "p50_us": f"{data['p50_us']:,.1f}",
+        "p95_us": f"{data['p95_us']:,.1f}",
+        "p99_us": f"{data['p99_us']:,.1f}",
+        "max_us": f"{data['max_us']:,.1f}",
+        "share_pct": f"{data['share_pct']:.1f}%",
+    }
+    if row.pid is not None:
+        cells.update(
+            pid=str(row.pid),
+            backend_type=row.backend_type,
+            application_name=row.application_name,
+        )
+    return cells
+
+
+def run(ns: argparse.Namespace) -> int:
+    by_pid = ns.by == "pid"
+    if ns.interval and ns.interval > ns.duration:
+        raise PgprobeError(
+            f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
+            EXIT_USAGE,
+        )
+    targets = common.prepare(ns, check_server)
+    capture = common.bpftrace_capture(
+        ns,
+        SCRIPT,
+        script_args(targets, by_pid, ns.interval),
+        MAPS,
+        env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
+    )
+    for snapshot, info in common.snapshots(capture, ns, "LWLock waits"):
+        common.refresh_if_needed(targets, by_pid and snapshot.final)
+        result = rows(records(snapshot), targets, by_pid)
+        emit(ns, result, snapshot, info, targets, by_pid)
+    return 0
+
+
+def emit(
+    ns: argparse.Namespace,
+    result: list[WaitRow],
+    snapshot: Snapshot,
+    info: RunInfo,
+    targets: Targets,
+    by_pid: bool,
+) -> None:
+    meta = common.meta(targets, info, snapshot, interval=ns.interval)
+    if ns.json:
+        common.print_json(NAME, meta, [r.as_json() for r in result])
+        return
+    columns = (PID_COLUMNS if by_pid else []) + COLUMNS
+    title = common.title("LWLock waits", meta)
+    empty = f"no LWLock waits in {meta['duration_s']:.1f} s" + (
+        " (nothing contended, or the targets were idle)" if not ns.interval else ""
+    )
+    table.render(title, columns, [table_cells(r) for r in result], empty=empty)
+    common.print_losses(info)

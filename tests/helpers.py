@@ -1,0 +1,48 @@
+"""Helpers for tests: run pgprobe as a user would, and CI's no-skip rule."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def need(ok: bool, reason: str) -> None:
+    """Skip when a requirement is missing, but fail under CI=true: CI must run it all."""
+    if ok:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and this test cannot run: {reason}")
+    pytest.skip(reason)
+
+
+def run_pgprobe(
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    unprivileged: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """`pgprobe ARGS` in a subprocess, exactly as a user would run it.
+
+    unprivileged: in a new user namespace, where pgprobe is uid 65534 with no
+    capabilities on the host (it still reads this checkout and venv, wherever
+    they are, which a switch to another user could not promise).
+    """
+    argv = [sys.executable, "-m", "pgprobe", *args]
+    if unprivileged:
+        argv = ["unshare", "--user", *argv]
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=CHECKOUT,
+    )
