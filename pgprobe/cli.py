@@ -7,18 +7,29 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pgprobe import __version__
 from pgprobe.errors import EXIT_USAGE, PgprobeError
-from pgprobe.tools import backends, common, lwlocks
+from pgprobe.tools import backends, lwlocks
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line, like every other pgprobe error."""
+    """argparse, but a usage error is one line, like every other pgprobe error.
+
+    -h is the host, as in psql, so help is --help only ("resolve" lets -h go).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("conflict_handler", "resolve")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+# One module per command; each has add_parser(subparsers) and run(namespace).
+COMMANDS = [lwlocks, backends]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,35 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pgprobe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-
-    lw = sub.add_parser(
-        "lwlocks",
-        help="LWLock waits per tranche and mode",
-        description="Time every LWLock wait of the targets and show a table per tranche "
-        "and mode, sorted by total wait time.",
-        conflict_handler="resolve",
-    )
-    _add_common(lw, default_duration=10)
-    lwlocks.add_arguments(lw)
-    lw.set_defaults(run=lwlocks.run)
-
-    bk = sub.add_parser(
-        "backends",
-        help="the processes pgprobe would trace",
-        description="List the cluster's backends as discovery finds them (no tracing).",
-        conflict_handler="resolve",
-    )
-    common.add_connection_arguments(bk)
-    common.add_target_arguments(bk)
-    backends.add_arguments(bk)
-    bk.set_defaults(run=backends.run)
+    for command in COMMANDS:
+        command.add_parser(sub)
     return parser
-
-
-def _add_common(parser: argparse.ArgumentParser, default_duration: float) -> None:
-    common.add_connection_arguments(parser)
-    common.add_target_arguments(parser)
-    common.add_capture_arguments(parser, default_duration)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

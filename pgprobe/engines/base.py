@@ -8,7 +8,7 @@ types below, so that a tool never looks at a tracer's output format.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -90,9 +90,17 @@ class RunInfo:
 Event = Snapshot | Line
 
 
+TickCallback = Callable[[RunInfo, "float | None"], None]
+
+
 class Capture(Protocol):
-    """A running probe script: iterate to receive snapshots and lines."""
+    """A running probe script: iterate to receive snapshots and lines.
+
+    on_tick, when set, is called a few times a second with the seconds left
+    (None until the probes are attached), for a countdown.
+    """
 
     info: RunInfo
+    on_tick: TickCallback | None
 
     def events(self) -> Iterator[Event]: ...

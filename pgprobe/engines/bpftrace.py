@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,6 +34,7 @@ from pgprobe.engines.base import (
     RunInfo,
     Snapshot,
     Stats,
+    TickCallback,
 )
 from pgprobe.errors import EXIT_ENV, EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.scripts import script_path
@@ -48,7 +49,6 @@ TRACEFS = Path("/sys/kernel/tracing")
 DEBUGFS = Path("/sys/kernel/debug")
 
 Arg = int | Path
-TickCallback = Callable[[RunInfo, float | None], None]
 
 
 def find_bpftrace() -> str:

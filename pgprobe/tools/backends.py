@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from pgprobe import discover
 from pgprobe.discover import Backend, Targets
@@ -25,8 +26,16 @@ COLUMNS = [
 ]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="the processes pgprobe would trace",
+        description="List the cluster's backends as discovery finds them (no tracing).",
+    )
+    common.add_connection_arguments(parser)
+    common.add_target_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(run=run)
 
 
 def cells(backend: Backend) -> dict[str, str]:

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pgprobe import discover
+from pgprobe import discover, engines
 from pgprobe.discover import Targets
 from pgprobe.engines import bpftrace
-from pgprobe.engines.base import Line, MapSpec, RunInfo, Snapshot
+from pgprobe.engines.base import Capture, Line, MapSpec, RunInfo, Snapshot
 
 MAX_DURATION_S = 24 * 3600
 
@@ -79,6 +79,19 @@ def add_capture_arguments(parser: argparse.ArgumentParser, default_duration: flo
         help=f"how long to trace (default {default_duration:g}); Ctrl-C ends early",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "bpftrace", "dtrace"],
+        default="auto",
+        help="tracer (auto: bpftrace on Linux, dtrace on illumos, Solaris, FreeBSD, macOS)",
+    )
+
+
+def add_tracing_arguments(parser: argparse.ArgumentParser, default_duration: float) -> None:
+    """What every tracing command takes: connection, targets, duration, --json."""
+    add_connection_arguments(parser)
+    add_target_arguments(parser)
+    add_capture_arguments(parser, default_duration)
 
 
 def conn_options(ns: argparse.Namespace) -> discover.ConnOptions:
@@ -97,33 +110,41 @@ def filters(ns: argparse.Namespace) -> discover.Filters:
 
 def prepare(ns: argparse.Namespace, check_server: Callable[[Targets], None]) -> Targets:
     """Everything that must hold before tracing, cheapest and most telling first."""
-    bpftrace.require_root()
-    bpftrace.find_bpftrace()
+    engines.preflight(getattr(ns, "engine", "auto"))
     targets = discover.discover(conn_options(ns), filters(ns))
     check_server(targets)
     return targets
 
 
-def bpftrace_capture(
+def capture(
     ns: argparse.Namespace,
     script: str,
     args: Sequence[int | Path],
     specs: Sequence[MapSpec],
     env: dict[str, str] | None = None,
-) -> bpftrace.BpftraceCapture:
-    return bpftrace.BpftraceCapture(script, args, specs, duration=ns.duration, env=env)
+) -> Capture:
+    """Run probe script `script` (a name without extension: bpf/<script>.bt, d/<script>.d).
+
+    Both engines take the same positional parameters and yield the same records.
+    """
+    engine = engines.choose(getattr(ns, "engine", "auto"))
+    if engine == "dtrace":
+        from pgprobe.engines import dtrace
+
+        return dtrace.DtraceCapture(f"{script}.d", args, specs, duration=ns.duration)
+    return bpftrace.BpftraceCapture(f"{script}.bt", args, specs, duration=ns.duration, env=env)
 
 
 def snapshots(
-    capture: bpftrace.BpftraceCapture, ns: argparse.Namespace, what: str
+    running: Capture, ns: argparse.Namespace, what: str
 ) -> Iterator[tuple[Snapshot, RunInfo]]:
     """The capture's snapshots, with a countdown on a terminal's stderr meanwhile."""
     with Countdown(what, ns.duration) as countdown:
-        capture.on_tick = countdown.tick
-        for event in capture.events():
+        running.on_tick = countdown.tick
+        for event in running.events():
             if isinstance(event, Snapshot):
                 with countdown.paused():
-                    yield event, capture.info
+                    yield event, running.info
             elif isinstance(event, Line):
                 with countdown.paused():
                     print(event.text, flush=True)

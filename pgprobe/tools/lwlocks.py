@@ -22,7 +22,7 @@ from pgprobe.render import table
 from pgprobe.tools import common
 
 NAME = "lwlocks"
-SCRIPT = "lwlock_wait.bt"
+SCRIPT = "lwlock_wait"  # bpf/lwlock_wait.bt, d/lwlock_wait.d
 PROBES = ("lwlock__wait__start", "lwlock__wait__done")
 MIN_MAJOR = 13  # names in the probe equal pg_stat_activity's wait_event from 13 on
 
@@ -88,7 +88,14 @@ class WaitRow:
         return row
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="LWLock waits per tranche and mode",
+        description="Time every LWLock wait of the targets and show a table per tranche "
+        "and mode, sorted by total wait time.",
+    )
+    common.add_tracing_arguments(parser, default_duration=10)
     parser.add_argument(
         "--by", choices=["pid"], help="one row per backend as well (pid, type, application)"
     )
@@ -98,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="print a fresh table every N seconds until the duration ends",
     )
+    parser.set_defaults(run=run)
 
 
 def check_server(targets: Targets) -> None:
@@ -216,7 +224,7 @@ def run(ns: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     targets = common.prepare(ns, check_server)
-    capture = common.bpftrace_capture(
+    capture = common.capture(
         ns,
         SCRIPT,
         script_args(targets, by_pid, ns.interval),
