@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import need, run_pgprobe
 
-from pgprobe.errors import EXIT_CONNECT, EXIT_ENV, EXIT_TARGET, EXIT_USAGE
+from pgprobe.errors import EXIT_CONNECT, EXIT_ENV, EXIT_TARGET, EXIT_TRACER, EXIT_USAGE
 from pgprobe.sandbox import PgCluster, pg_bindir
 
 
@@ -171,3 +171,23 @@ def test_no_traceback_for_internal_paths() -> None:
     )
     assert done.returncode == EXIT_USAGE
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_tracer_error_is_surfaced(cluster: PgCluster, tracing: None) -> None:
+    """bpftrace's own complaint, in one line (here: a limit it enforces on its environment)."""
+    done = run_pgprobe(["lwlocks", *cluster.conn_args, "-d", "1"], env={"BPFTRACE_STRLEN": "9999"})
+    assert_one_line_error(done, EXIT_TRACER, "bpftrace failed", "BPFTRACE_STRLEN")
+
+
+@pytest.mark.parametrize(("version_num", "version"), [(120017, "12.17"), (100023, "10.23")])
+def test_servers_before_13_are_refused_with_the_reason(version_num: int, version: str) -> None:
+    from pgprobe.discover import Cluster, Targets
+    from pgprobe.errors import PgprobeError
+    from pgprobe.tools import lwlocks
+
+    old = Cluster(postmaster_pid=1, binary="/nonexistent", version_num=version_num,
+                  version=version, data_directory=None)  # fmt: skip
+    with pytest.raises(PgprobeError) as caught:
+        lwlocks.check_server(Targets(old, [], whole_cluster=True))
+    assert f"this server is {version}" in caught.value.message
+    assert "13 and later" in caught.value.message
