@@ -1,0 +1,254 @@
+"""`pgprobe flame`: a CPU flame graph of PostgreSQL backends (bpf/profile.bt).
+
+Samples the on-CPU stacks of the targets at -F HZ for -d seconds, names the
+frames in Python (pgprobe.symbolize: backends that exit during the capture
+are still named, a stripped server's static functions show as
+``postgres+0x<function start>``), folds them (one function is one frame) and
+writes one of:
+
+- ``svg`` (default): a self-contained interactive flame graph
+  (pgprobe.render.flamegraph), to stdout or ``-o FILE``; the subtitle says
+  duration, Hz, pids, samples, lost samples and the share of unresolved frames;
+- ``folded``: FlameGraph folded stacks (``--folded``), for flamegraph.pl,
+  inferno or speedscope;
+- ``speedscope``: speedscope's JSON, one profile per backend with --per-backend;
+- ``--json``: one document ``{"tool": "flame", "meta": {...}, "rows": [...]}``,
+  one row per (pid, stack): ``pid``, ``backend_type``, ``application_name``,
+  ``stack`` (folded, root first, without a backend frame) and ``samples``.
+
+``--per-backend`` roots each stack at a frame naming the backend
+(``pid 4242: client backend (pgbench)``). ``--from FILE`` renders a folded file
+(from pgprobe, perf + stackcollapse, or bpftrace output) without tracing, so
+without root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.render import flamegraph
+from pgprobe.stacks import format_folded
+from pgprobe.tools import common, profiling
+
+NAME = "flame"
+FORMATS = ("svg", "folded", "speedscope")
+DEFAULT_MINWIDTH_PX = 0.1
+
+
+def minwidth_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of pixels: {text!r}") from None
+    if not 0 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 10000 pixels: {text}")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="CPU flame graph of backends (SVG, folded stacks, speedscope)",
+        description="Sample the on-CPU stacks of PostgreSQL processes and write a flame "
+        "graph: `pgprobe flame --pid 4242 > cpu.svg`. With --from, render a folded file "
+        "instead (no tracing, no root).",
+    )
+    profiling.add_profile_arguments(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="svg (default), folded (FlameGraph folded stacks) or speedscope (JSON)",
+    )
+    out.add_argument("--folded", action="store_true", help="same as --format folded")
+    out.add_argument(
+        "--per-backend",
+        action="store_true",
+        help="root each stack at a frame naming its backend (pid, type, application)",
+    )
+    out.add_argument("--title", help="the flame graph's title")
+    out.add_argument(
+        "--minwidth",
+        type=minwidth_value,
+        default=DEFAULT_MINWIDTH_PX,
+        metavar="PX",
+        help=f"leave out frames narrower than PX pixels (default {DEFAULT_MINWIDTH_PX:g}; "
+        "their samples stay in their parents)",
+    )
+    out.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    out.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="render this folded file (pgprobe, perf + stackcollapse, bpftrace; '-' for "
+        "stdin) instead of tracing",
+    )
+    parser.set_defaults(run=run)
+
+
+def output_format(ns: argparse.Namespace) -> str:
+    if ns.folded and ns.format not in (None, "folded"):
+        raise PgprobeError(f"--folded contradicts --format {ns.format}", EXIT_USAGE)
+    if ns.json and (ns.format or ns.folded):
+        raise PgprobeError("--json is a format of its own: drop --format/--folded", EXIT_USAGE)
+    return "folded" if ns.folded else ns.format or "svg"
+
+
+def check_output(ns: argparse.Namespace, fmt: str) -> None:
+    """Fail before a long capture, not after it."""
+    if ns.output:
+        parent = Path(ns.output).resolve().parent
+        if Path(ns.output).is_dir():
+            raise PgprobeError(f"-o {ns.output}: is a directory", EXIT_USAGE)
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise PgprobeError(f"-o {ns.output}: cannot write in {parent}", EXIT_USAGE)
+    elif fmt in ("svg", "speedscope") and not ns.json and sys.stdout.isatty():
+        raise PgprobeError(
+            f"not writing {fmt} to a terminal: redirect it (pgprobe flame > cpu.svg) "
+            "or use -o FILE",
+            EXIT_USAGE,
+        )
+
+
+def check_from(ns: argparse.Namespace) -> None:
+    """Options that only make sense when tracing."""
+    tracing_only = {
+        "--pid": ns.pid,
+        "--backend-type": ns.backend_type,
+        "--database": ns.database,
+        "--user": ns.user,
+        "--application": ns.application,
+        "--kernel": ns.kernel,
+        "--per-backend": ns.per_backend,
+        "--json": ns.json,
+    }
+    given = [name for name, value in tracing_only.items() if value]
+    if given:
+        raise PgprobeError(f"--from renders a file: {given[0]} has no meaning with it", EXIT_USAGE)
+
+
+def write(ns: argparse.Namespace, text: str) -> None:
+    if not ns.output:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        Path(ns.output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise PgprobeError(f"cannot write {ns.output}: {exc.strerror or exc}", EXIT_USAGE) from None
+
+
+def run(ns: argparse.Namespace) -> int:
+    fmt = output_format(ns)
+    if ns.source is not None:
+        check_from(ns)
+        check_output(ns, fmt)
+        return render_file(ns, fmt)
+    check_output(ns, fmt)
+    profile = profiling.collect(ns, names_at_end=ns.per_backend or ns.json)
+    if ns.json:
+        common.print_json(NAME, profile.meta(), json_rows(profile))
+    else:
+        write(ns, render_profile(ns, fmt, profile))
+    profiling.print_warnings(profile)
+    return 0
+
+
+def json_rows(profile: profiling.Profile) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for pid, stacks in profile.folded_by_pid().items():
+        backend = profile.describe(pid)
+        for stack, n in stacks.items():
+            rows.append(
+                {
+                    "pid": pid,
+                    "backend_type": backend.backend_type,
+                    "application_name": backend.application_name,
+                    "stack": stack,
+                    "samples": n,
+                }
+            )
+    rows.sort(key=lambda r: (-r["samples"], r["pid"], r["stack"]))
+    return rows
+
+
+def default_title(profile: profiling.Profile) -> str:
+    targets = profile.targets
+    version = targets.cluster.version.split()[0] if targets.cluster.version else ""
+    if targets.whole_cluster:
+        who = "whole cluster"
+    else:
+        pids = targets.pids
+        who = ("pid " if len(pids) == 1 else "pids ") + ", ".join(str(p) for p in pids[:8])
+        who += ", ..." if len(pids) > 8 else ""
+    return f"PostgreSQL {version} on-CPU flame graph: {who}".replace("  ", " ")
+
+
+def render_profile(ns: argparse.Namespace, fmt: str, profile: profiling.Profile) -> str:
+    if fmt == "speedscope":
+        if ns.per_backend:
+            profiles: Mapping[str, Mapping[str, int]] = {
+                profile.backend_frame(pid): stacks
+                for pid, stacks in sorted(profile.folded_by_pid().items())
+            }
+        else:
+            profiles = {ns.title or default_title(profile): profile.folded()}
+        return flamegraph.render_speedscope(profiles, name=ns.title or NAME, hz=profile.hz)
+    folded = profile.folded(per_backend=ns.per_backend)
+    if fmt == "folded":
+        return "".join(line + "\n" for line in format_folded(folded))
+    roots = {profile.backend_frame(pid) for pid in profile.pids} if ns.per_backend else set()
+    return flamegraph.render_svg(
+        folded,
+        title=ns.title or default_title(profile),
+        subtitle=profile.facts(),
+        minwidth=ns.minwidth,
+        module_of=module_classifier(roots),
+    )
+
+
+def module_classifier(backend_frames: set[str]) -> Callable[[str], str]:
+    """The renderer's classifier, plus "backend" for the frames naming backends."""
+
+    def module_of(frame: str) -> str:
+        return "backend" if frame in backend_frames else flamegraph.classify_frame(frame)
+
+    return module_of
+
+
+def render_file(ns: argparse.Namespace, fmt: str) -> int:
+    """--from FILE: any folded file (or bpftrace's stack maps) to the chosen format."""
+    source = str(ns.source)
+    try:
+        if source == "-":
+            stacks = flamegraph.parse_folded(sys.stdin)
+            name = "stdin"
+        else:
+            with open(source, encoding="utf-8", errors="replace") as f:
+                stacks = flamegraph.parse_folded(f)
+            name = os.path.basename(source)
+    except OSError as exc:
+        raise PgprobeError(f"cannot read {source}: {exc.strerror or exc}", EXIT_USAGE) from None
+    total = sum(stacks.values())
+    if not stacks:
+        print(f"pgprobe: warning: no stacks in {source} (not a folded file?)", file=sys.stderr)
+    title = ns.title or f"Flame graph of {name}"
+    if fmt == "folded":
+        text = "".join(f"{';'.join(k)} {n}\n" for k, n in _most_first(stacks))
+    elif fmt == "speedscope":
+        text = flamegraph.render_speedscope({title: stacks}, name=title)
+    else:
+        subtitle = {"file": source, "samples": f"{total:,}", "stacks": f"{len(stacks):,}"}
+        text = flamegraph.render_svg(stacks, title=title, subtitle=subtitle, minwidth=ns.minwidth)
+    write(ns, text)
+    return 0
+
+
+def _most_first(stacks: Mapping[tuple[str, ...], int]) -> list[tuple[tuple[str, ...], int]]:
+    return sorted(stacks.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -1,0 +1,388 @@
+"""`pgprobe flame` and `pgprobe hot` against a real cluster, with real bpftrace.
+
+The workload is one backend hashing long strings:
+
+    SELECT sum(hashtext(repeat(g::text || repeat('abcdefghij', 10), 20)))
+      FROM (SELECT generate_series(1, ...) AS g) s
+
+(generate_series in the target list runs value-per-call under ProjectSet, so
+nothing is materialized first). A bpftrace look at it on PostgreSQL 15
+(Debian, stripped, frame pointers) shows ~85 % of the samples in hash_bytes
+(called by hashtext, whose frame the unwinder misses because hash_bytes
+sets up no frame of its own), the rest in ExecInterpExpr (static, so
+postgres+0x... in a stripped binary), repeat and libc's memcpy.
+
+Sample counts are checked against the backend's CPU time from
+/proc/PID/stat (utime + stime), not wall time: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import CHECKOUT, run_pgprobe
+
+from pgprobe.render.flamegraph import parse_folded
+from pgprobe.sandbox import PgCluster
+
+pytestmark = pytest.mark.integration
+
+QUERY = (
+    "SELECT sum(hashtext(repeat(g::text || repeat('abcdefghij', 10), 20))) "
+    "FROM (SELECT generate_series(1, 2000000000) AS g) s"
+)
+HOT = "hash_bytes"  # the function that query spends its CPU in
+QUERY_FUNCTIONS = {"hash_bytes", "repeat", "hashtext", "textcat", "int4out", "pg_ltoa"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+HEX_FRAME = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def start_pgprobe(*args: str) -> subprocess.Popen[str]:
+    """pgprobe in the background, as a user would run it (end it with SIGINT)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgprobe", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=CHECKOUT,
+    )
+
+
+def _bpftrace_child(ppid: int) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if comm == "bpftrace" and int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
+            return int(entry)
+    return None
+
+
+def _perf_event_fds(pid: int) -> int:
+    count = 0
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]":
+                    count += 1
+            except OSError:
+                continue
+    except OSError:
+        return 0
+    return count
+
+
+def wait_sampling(probe: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Until pgprobe's bpftrace samples: its perf events are open.
+
+    bpftrace 0.17 opens one output-buffer event per CPU at start, then one
+    profile:hz event per CPU and one for interval:s:1 when it attaches.
+    """
+    wanted = 2 * (os.cpu_count() or 1) + 1
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe.poll() is not None:
+            pytest.fail(f"pgprobe ended before sampling: {probe.communicate()[1]}")
+        child = _bpftrace_child(probe.pid)
+        if child is not None and _perf_event_fds(child) >= wanted:
+            time.sleep(0.3)
+            return
+        time.sleep(0.05)
+    probe.send_signal(signal.SIGINT)
+    pytest.fail(f"bpftrace did not attach within {timeout} s: {probe.communicate()[1]}")
+
+
+def stop(probe: subprocess.Popen[str]) -> tuple[str, str]:
+    """Ctrl-C, as a user ends a capture early; pgprobe still prints what it has."""
+    probe.send_signal(signal.SIGINT)
+    out, err = probe.communicate(timeout=60)
+    assert probe.returncode == 0, err
+    return out, err
+
+
+def run_query(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """QUERY for `seconds` of wall time (statement_timeout cancels it)."""
+    conn.execute(f"SET statement_timeout = '{int(seconds * 1000)}ms'")
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        conn.execute(QUERY)
+    conn.execute("RESET statement_timeout")
+
+
+def leaf(stack: tuple[str, ...]) -> str:
+    return stack[-1]
+
+
+def assert_close(samples: int, cpu_s: float, hz: int) -> None:
+    expected = cpu_s * hz
+    assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
+    assert abs(samples - expected) <= 0.10 * expected, (samples, expected, cpu_s)
+
+
+@pytest.fixture
+def backend(cluster: PgCluster, tracing: None) -> Iterator[tuple[psycopg.Connection[Any], int]]:
+    """A connected, idle backend with JIT off, and its pid."""
+    with cluster.connect() as conn:
+        conn.execute("SET jit = off")
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        yield conn, int(row[0])
+
+
+@pytest.fixture
+def busy(cluster: PgCluster, backend: tuple[psycopg.Connection[Any], int]) -> Iterator[int]:
+    """A backend running QUERY (for up to 60 s) in a thread; its pid."""
+    conn, pid = backend
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            conn.execute("SET statement_timeout = '60s'")
+            conn.execute(QUERY)
+        except psycopg.Error:
+            pass
+        done.set()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    yield pid
+    cluster.sql(f"SELECT pg_cancel_backend({pid})")
+    assert done.wait(30)
+
+
+# -- capture tests ---------------------------------------------------------------------------
+
+
+def test_flame_folded_is_the_query_and_counts_its_cpu_time(
+    cluster: PgCluster, backend: tuple[psycopg.Connection[Any], int]
+) -> None:
+    conn, pid = backend
+    hz = 199
+    probe = start_pgprobe("flame", *cluster.conn_args, "--pid", str(pid), "-F", str(hz),
+                          "-d", "60", "--folded")  # fmt: skip
+    wait_sampling(probe)
+    before = cpu_seconds(pid)
+    run_query(conn, 2.5)  # idle before and after: its CPU time is all there is to sample
+    cpu_s = cpu_seconds(pid) - before
+    out, err = stop(probe)
+
+    stacks = parse_folded(out)
+    total = sum(stacks.values())
+    assert_close(total, cpu_s, hz)
+    # The query's function dominates: most samples are in it, on a stack that says who ran it.
+    in_hot = sum(n for s, n in stacks.items() if leaf(s) == HOT)
+    assert in_hot >= 0.6 * total, sorted(stacks.items(), key=lambda kv: -kv[1])[:5]
+    in_query = sum(n for s, n in stacks.items() if set(s) & QUERY_FUNCTIONS)
+    assert in_query >= 0.7 * total
+    through_executor = sum(n for s, n in stacks.items() if "standard_ExecutorRun" in s)
+    assert through_executor >= 0.95 * total
+    assert all(not HEX_FRAME.match(f) for s in stacks for f in s)
+    # Folded: offsets only on unresolved frames (module+0xSTART), one line per distinct stack.
+    with_offset = {f.split("+0x")[0] for s in stacks for f in s if "+0x" in f}
+    assert all(m == "postgres" or ".so" in m for m in with_offset), with_offset
+    assert len(out.splitlines()) == len(stacks)
+    # A stripped server: the fix is said, once.
+    assert err.count("unresolved") <= 1
+
+
+def test_hot_ranks_the_query_functions_on_top(cluster: PgCluster, busy: int) -> None:
+    done = run_pgprobe(["hot", *cluster.conn_args, "--pid", str(busy), "-d", "3", "--json",
+                        "--top", "0"])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    meta, rows = doc["meta"], doc["rows"]
+    assert doc["tool"] == "hot"
+    assert meta["pids"] == [busy] and meta["sampled_pids"] == [busy]
+    assert meta["hz"] == 99 and meta["lost_samples"] == 0
+    assert meta["samples"] > 50  # 3 s x 99 Hz of a busy backend, on a shared machine
+    assert set(rows[0]) == {
+        "function", "module", "self_samples", "self_pct", "total_samples", "total_pct",
+    }  # fmt: skip
+    top = rows[0]
+    assert (top["function"], top["module"]) == (HOT, "postgres"), rows[:3]
+    assert top["self_pct"] >= 50
+    # self samples add up to the total; inclusive counts never exceed it.
+    assert sum(r["self_samples"] for r in rows) == meta["samples"]
+    assert abs(sum(r["self_pct"] for r in rows) - 100) < 0.5
+    for r in rows:
+        assert r["self_samples"] <= r["total_samples"] <= meta["samples"]
+    selfs = [r["self_samples"] for r in rows]
+    assert selfs == sorted(selfs, reverse=True)
+    # The frames under every sample: the executor's entry point is in (nearly) all of them.
+    run = next(r for r in rows if r["function"] == "standard_ExecutorRun")
+    assert run["total_pct"] >= 95
+
+    # The same capture, one row per module (--lib), then flame's own --json.
+    libs = run_pgprobe(["hot", *cluster.conn_args, "--pid", str(busy), "-d", "1.5", "--json",
+                        "--lib"])  # fmt: skip
+    assert libs.returncode == 0, libs.stderr
+    lib_rows = json.loads(libs.stdout)["rows"]
+    assert lib_rows[0]["module"] == "postgres" and "function" not in lib_rows[0]
+    assert lib_rows[0]["self_pct"] >= 80
+
+    flame = run_pgprobe(["flame", *cluster.conn_args, "--pid", str(busy), "-d", "1.5", "--json"])
+    assert flame.returncode == 0, flame.stderr
+    fdoc = json.loads(flame.stdout)
+    assert fdoc["tool"] == "flame"
+    assert sum(r["samples"] for r in fdoc["rows"]) == fdoc["meta"]["samples"] > 0
+    assert {r["pid"] for r in fdoc["rows"]} == {busy}
+    assert fdoc["rows"][0]["stack"].split(";")[-1] == HOT
+
+
+def test_backend_that_exits_during_the_capture_is_named_per_backend(
+    cluster: PgCluster, tracing: None
+) -> None:
+    hz = 199
+    probe = start_pgprobe("flame", *cluster.conn_args, "-F", str(hz), "-d", "60", "--folded",
+                          "--per-backend")  # fmt: skip
+    wait_sampling(probe)
+    # A backend born after the capture started, that runs the query and exits.
+    with cluster.connect() as conn:
+        conn.execute("SET jit = off")
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        pid = int(row[0])
+        run_query(conn, 2.0)
+        cpu_s = cpu_seconds(pid)  # its whole life so far: all inside the capture
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the backend did not exit"
+    time.sleep(0.3)
+    out, err = stop(probe)
+
+    stacks = parse_folded(out)
+    # --per-backend: every stack is rooted at a frame naming its process.
+    roots = {s[0] for s in stacks}
+    assert all(re.match(r"^pid \d+: \S", r) for r in roots), roots
+    mine = {s[1:]: n for s, n in stacks.items() if s[0].startswith(f"pid {pid}: ")}
+    assert mine, (pid, roots)
+    assert {s[0] for s in stacks if s[0].startswith(f"pid {pid}: ")} == {
+        f"pid {pid}: client backend"
+    }
+    total = sum(mine.values())
+    assert_close(total, cpu_s, hz)
+    # Named by name after it exited: no bare addresses, the query's function on top.
+    assert all(not HEX_FRAME.match(f) for s in mine for f in s)
+    # (a sample taken while it exits has no user stack left: "[unknown]", and rare)
+    assert sum(n for s, n in mine.items() if "[unknown]" in s) <= 0.03 * total
+    assert sum(n for s, n in mine.items() if leaf(s) == HOT) >= 0.6 * total
+    postmaster = [r for r in roots if r.startswith(f"pid {cluster.postmaster_pid}: ")]
+    assert postmaster in ([], [f"pid {cluster.postmaster_pid}: postmaster"])
+
+
+# -- no tracing ------------------------------------------------------------------------------
+
+FOLDED = """\
+main;PostmasterMain;PostgresMain;exec_simple_query;PortalRun;ExecScan+0x1a 40
+main;PostmasterMain;PostgresMain;exec_simple_query;PortalRun;ExecScan+26 2
+main;PostmasterMain;PostgresMain;exec_simple_query;postgres+0x2f70b0;hash_bytes 55
+main;PostmasterMain;PostgresMain;pq_getbyte;libc.so.6`__libc_recv;entry_SYSCALL_64_[k] 7
+main;PostmasterMain;postgres+0x3ee3c0 1
+"""
+
+
+def svg_total(svg: str) -> int:
+    """The sample count of the root frame ("all") of a rendered flame graph."""
+    root = ET.fromstring(svg)
+    for g in root.iter(SVG + "g"):
+        if g.get("class") == "f" and g.get("data-d") == "0":
+            return int(g.get("data-n", "-1"))
+    return 0
+
+
+def test_from_renders_folded_files_without_root(tmp_path: Path) -> None:
+    src = tmp_path / "cpu.folded"
+    src.write_text(FOLDED)
+    out = tmp_path / "cpu.svg"
+    done = run_pgprobe(["flame", "--from", str(src), "-o", str(out), "--title", "round trip"],
+                       unprivileged=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    svg = out.read_text()
+    assert svg_total(svg) == 105  # valid XML, every sample kept
+    assert "<title>round trip</title>" in svg
+    # Offsets stripped: ExecScan+0x1a and ExecScan+26 are one frame; addresses stay apart.
+    assert "ExecScan (42 samples" in svg and "postgres+0x2f70b0 (55 samples" in svg
+
+    # folded -> folded merges and keeps the totals; speedscope keeps them too.
+    again = run_pgprobe(["flame", "--from", str(src), "--folded"], unprivileged=True)
+    assert again.returncode == 0, again.stderr
+    stacks = parse_folded(again.stdout)
+    assert sum(stacks.values()) == 105 and len(stacks) == 4
+    piped = subprocess.run(
+        [sys.executable, "-m", "pgprobe", "flame", "--from", "-", "--format", "speedscope"],
+        input=again.stdout,
+        capture_output=True,
+        text=True,
+        cwd=CHECKOUT,
+        timeout=60,
+    )
+    assert piped.returncode == 0, piped.stderr
+    doc = json.loads(piped.stdout)
+    assert sum(doc["profiles"][0]["weights"]) == 105
+
+
+def test_from_output_of_a_capture_round_trips(
+    cluster: PgCluster, busy: int, tmp_path: Path
+) -> None:
+    folded = tmp_path / "real.folded"
+    done = run_pgprobe(["flame", *cluster.conn_args, "--pid", str(busy), "-d", "1.5",
+                        "--folded", "-o", str(folded)])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stacks = parse_folded(folded.read_text())
+    assert sum(stacks.values()) > 0
+    svg = run_pgprobe(["flame", "--from", str(folded)], unprivileged=True)
+    assert svg.returncode == 0, svg.stderr
+    assert svg_total(svg.stdout) == sum(stacks.values())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["flame", "-F", "0"], "-F"),
+        (["flame", "-F", "20000"], "-F"),
+        (["hot", "-F", "many"], "-F"),
+        (["flame", "--minwidth", "-1"], "--minwidth"),
+        (["hot", "--top", "-3"], "--top"),
+        (["flame", "--from", "/nonexistent/cpu.folded"], "cannot read /nonexistent/cpu.folded"),
+        (["flame", "--from", "x.folded", "--pid", "1"], "--pid"),
+        (["flame", "--folded", "--format", "svg"], "--folded"),
+        (["flame", "--from", "x.folded", "-o", "/nonexistent/dir/out.svg"], "-o"),
+    ],
+)
+def test_bad_options_are_one_line(args: list[str], message: str) -> None:
+    done = run_pgprobe(args, unprivileged=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pgprobe"), done.stderr
+    assert message in lines[0]
