@@ -44,7 +44,8 @@ from pgprobe.stacks import parse_bpftrace_stack
 # recent kernels that account BPF memory to the cgroup instead): it is not a failure.
 BENIGN_STDERR = ("couldn't set RLIMIT_MEMLOCK",)
 STARTUP_TIMEOUT_S = 60.0
-STOP_GRACE_S = 5.0
+STOP_RESEND_S = 1.0  # seconds between repeated SIGINTs
+STOP_KILL_S = 20.0
 TRACEFS = Path("/sys/kernel/tracing")
 DEBUGFS = Path("/sys/kernel/debug")
 
@@ -141,7 +142,7 @@ class BpftraceCapture:
         self.on_tick = on_tick
         self.info = RunInfo(engine="bpftrace", engine_version=bpftrace_version(self.bpftrace))
         self._stderr: list[str] = []
-        self._resent = False
+        self._resends = 0
 
     # -- running -------------------------------------------------------------------------
 
@@ -221,17 +222,23 @@ class BpftraceCapture:
             yield from parser.feed(pending)
 
     def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
-        """bpftrace normally exits within a second of SIGINT; if not, ask again, then kill."""
-        if waited > STOP_GRACE_S * 3 and child.poll() is None:
+        """Repeat SIGINT until bpftrace exits, and kill it if it never does.
+
+        bpftrace 0.17 only notices SIGINT when the signal interrupts its epoll_wait;
+        one sent while it is busy elsewhere can be missed, so it is sent again.
+        """
+        if child.poll() is not None:
+            return
+        if waited > STOP_KILL_S:
             child.kill()
+            child.wait()
             self.info.warnings.append(
-                f"bpftrace did not stop within {STOP_GRACE_S * 3:.0f} s of SIGINT and was "
+                f"bpftrace did not stop within {STOP_KILL_S:.0f} s of SIGINT and was "
                 "killed: its maps are lost"
             )
-        elif waited > STOP_GRACE_S and not self._resent:
-            self._resent = True
+        elif waited > STOP_RESEND_S * (self._resends + 1):
+            self._resends += 1
             child.send_signal(signal.SIGINT)
-            self.info.warnings.append(f"bpftrace ignored SIGINT for {STOP_GRACE_S:.0f} s")
 
     def _drain_stderr(self, stream: Any) -> None:
         for raw in stream:
