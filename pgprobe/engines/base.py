@@ -8,14 +8,78 @@ types below, so that a tool never looks at a tracer's output format.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-# How one key field is typed: a number, a text, or a stack of raw addresses
-# (innermost frame first, as tracers print them).
+if TYPE_CHECKING:
+    from pgprobe.symbolize import Frame
+
+# DTrace's text for one stack frame: "module`function+0xoffset" (or without the
+# offset at a function's first instruction), "module`0xaddress" (a module with
+# no symbol there), "0xaddress" (no module: the process had exited when DTrace
+# printed the stack, or the address is in no mapping).
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+
+
+@dataclass(frozen=True)
+class NamedStack:
+    """A stack whose frames the tracer already named: DTrace's ustack()/stack() text.
+
+    ``frames`` are the lines DTrace printed, stripped, innermost first
+    (``postgres`SimpleLruReadPage+0x1b4``, ``libc.so.1`__pread+0xa``,
+    ``0x7fffbf7ff62a``). bpftrace stacks are raw addresses instead; both are
+    "stack" key fields (see KeyKind). DTrace names frames when it prints them,
+    from the live process: a process that exited before that gets hex-only
+    frames, which symbolized() reports as unresolved ``[unknown]`` frames.
+    """
+
+    frames: tuple[str, ...]
+
+    def symbolized(self, kernel: bool = False) -> list[Frame]:
+        """pgprobe.symbolize.Frame per frame, as Symbolizer gives for raw addresses.
+
+        ``module`function+0xoff`` -> Frame(function, module, resolved, off);
+        ``module`0xaddr`` -> an unresolved frame named by that text;
+        ``0xaddr`` -> ``[unknown]`` (offset = the address, for display).
+        kernel=True (a stack() field) appends FlameGraph's ``_[k]`` to names,
+        as Symbolizer.kernel_frames does.
+        """
+        from pgprobe.symbolize import KERNEL_SUFFIX, UNKNOWN, Frame
+
+        suffix = KERNEL_SUFFIX if kernel else ""
+        out = []
+        for text in self.frames:
+            module, tick, rest = text.partition("`")
+            if not tick:
+                if _HEX.fullmatch(text):
+                    out.append(Frame(UNKNOWN + suffix, UNKNOWN, False, int(text, 16)))
+                else:  # a bare name (no module): keep it as DTrace printed it
+                    out.append(Frame(text + suffix, UNKNOWN, True))
+            elif _HEX.fullmatch(rest):
+                out.append(Frame(text + suffix, module, False))
+            else:
+                name, plus, off = rest.rpartition("+")
+                if plus and _HEX.fullmatch(off) and name:
+                    out.append(Frame(name + suffix, module, True, int(off, 16)))
+                else:
+                    out.append(Frame(rest + suffix, module, True))
+        return out
+
+
+# How one key field is typed: a number, a text, or a stack (innermost frame
+# first, as tracers print them). A "stack" field arrives in one of two forms,
+# whichever the engine can give:
+#   tuple[int, ...]  raw addresses (bpftrace, run with BPFTRACE_NO_USER_SYMBOLS=1):
+#                    the tool names them with pgprobe.symbolize.Symbolizer;
+#   NamedStack       frames the tracer already named (DTrace ustack()/stack()
+#                    text): NamedStack.symbolized() gives the same Frames.
+# A tool declares "stack" once for both engines and tells the two forms apart
+# with isinstance(value, NamedStack); after symbolizing, both are list[Frame]
+# and fold the same way (symbolize.folded_names, stacks.fold).
 KeyKind = Literal["int", "str", "stack"]
-KeyValue = int | str | tuple[int, ...]
+KeyValue = int | str | tuple[int, ...] | NamedStack
 Key = tuple[KeyValue, ...]
 
 
