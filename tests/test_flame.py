@@ -143,6 +143,7 @@ def leaf(stack: tuple[str, ...]) -> str:
 
 def assert_close(samples: int, cpu_s: float, hz: int) -> None:
     expected = cpu_s * hz
+    print(f"samples {samples}, expected {expected:.0f} ({cpu_s:.2f} s of CPU x {hz} Hz)")
     assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
     assert abs(samples - expected) <= 0.10 * expected, (samples, expected, cpu_s)
 

@@ -23,11 +23,17 @@ one per function start), optionally rooted at a frame naming the backend
 
 Losses: ``lost_samples`` is ``@samples`` minus the samples the stack map holds
 (over every process the script sampled, before pgprobe keeps only the
-targets); a sample whose stack could not be stored is both counted in
+targets); a sample whose key could not be stored is both counted in
 ``@samples`` and reported by bpftrace as a failed map update, so the larger of
-the two is the loss, never their sum. With ``--kernel``, bpftrace -k reports
-``get_stackid`` failing (-EFAULT) for every sample taken in user mode, which
-has no kernel stack: that is not a loss, and those messages are dropped.
+the two is the loss, never their sum. A sample can also keep its count but
+lose its stack: the kernel's stack map refuses a stack whose hash bucket holds
+another one (``get_stackid`` -EEXIST; bpftrace's map has no room for
+replacement), and a process that is exiting has no user stack left
+(-EFAULT). Those samples show as ``[unknown]`` and are counted as
+``samples_without_stack``. bpftrace -k reports every failing ``get_stackid``
+(with ``--kernel``, one -EFAULT per sample taken in user mode, which has no
+kernel stack: not a loss) and prints "failed to look up stack id" for the
+refused ones; pgprobe replaces those messages by the one count that matters.
 """
 
 from __future__ import annotations
@@ -133,6 +139,7 @@ class Profile:
     stacks: list[StackCount]
     samples_taken: int  # @samples: every sample of every process the script watched
     samples_stored: int  # the sum of the stack maps' counts, same processes
+    samples_without_stack: int  # of the targets: no user stack (refused, or exiting)
     resolved_frames: int
     unresolved_frames: int
     server_module: str  # "postgres"
@@ -229,6 +236,7 @@ class Profile:
             samples=self.samples,
             samples_taken=self.samples_taken,
             lost_samples=self.lost_samples,
+            samples_without_stack=self.samples_without_stack,
             sampled_pids=self.pids,
             unresolved_frames_pct=round(self.unresolved_pct, 2),
             server_unresolved_frames_pct=round(self.server_unresolved_pct, 2),
@@ -244,6 +252,12 @@ class Profile:
             out.append(
                 f"{self.lost_samples:,} of {self.samples_taken:,} samples lost "
                 "(the stack map was full): shorten the capture or lower -F"
+            )
+        if self.samples_without_stack:
+            out.append(
+                f"{self.samples_without_stack:,} of {self.samples:,} samples have no user "
+                "stack (shown as [unknown]): the kernel's stack map refused it (a hash "
+                "collision) or the process was exiting"
             )
         if self.server_unresolved_pct >= UNRESOLVED_WARN_PCT:
             out.append(unresolved_warning(self))
@@ -405,8 +419,12 @@ def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
     if final is None:
         raise PgprobeError("bpftrace ended without printing its maps", EXIT_TRACER)
     snapshot, info = final
-    if ns.kernel:  # user-mode samples have no kernel stack: not a failure
-        info.warnings[:] = [w for w in info.warnings if w != "bpf helper get_stackid failed"]
+    # Said once, as samples_without_stack (see the module doc), instead of per sample.
+    info.warnings[:] = [
+        w
+        for w in info.warnings
+        if w != "bpf helper get_stackid failed" and "failed to look up stack id" not in w
+    ]
     _merge_repeated_warnings(info)
     common.refresh_if_needed(targets, names_at_end)
     return name_stacks(
@@ -440,7 +458,7 @@ def name_stacks(
     """Symbolize the stack maps of a capture's snapshot into a Profile of the targets."""
     wanted = None if targets.whole_cluster else set(targets.pids)
     own = targets.cluster.own_pid
-    stored = 0
+    stored = stackless = 0
     out: list[StackCount] = []
     raw: list[tuple[Key, AggValue]] = [
         ((k[0], (), k[1]), v) for k, v in snapshot.get("stacks").items()
@@ -452,6 +470,8 @@ def name_stacks(
         stored += value
         if pid == own or (wanted is not None and pid not in wanted):
             continue
+        if not uaddrs:
+            stackless += value
         frames = symbolizer.kernel_frames(kaddrs, value) if kaddrs else []
         frames += symbolizer.user_frames(pid, uaddrs, value)
         out.append(StackCount(pid, tuple(frames), value))
@@ -469,6 +489,7 @@ def name_stacks(
         stacks=out,
         samples_taken=taken,
         samples_stored=stored,
+        samples_without_stack=stackless,
         resolved_frames=stats.resolved,
         unresolved_frames=stats.unresolved,
         server_module=module,
