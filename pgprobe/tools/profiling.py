@@ -55,7 +55,9 @@ from pgprobe.engines.base import (
     Capture,
     Event,
     Key,
+    KeyValue,
     MapSpec,
+    NamedStack,
     RunInfo,
     Snapshot,
     TickCallback,
@@ -455,31 +457,40 @@ def name_stacks(
     kernel: bool,
     backends: dict[int, Backend] | None = None,
 ) -> Profile:
-    """Symbolize the stack maps of a capture's snapshot into a Profile of the targets."""
+    """Name the stack maps of a capture's snapshot into a Profile of the targets.
+
+    Raw addresses (bpftrace) are named by the symbolizer; stacks the tracer
+    named itself (DTrace: NamedStack) are taken as they are.
+    """
     wanted = None if targets.whole_cluster else set(targets.pids)
     own = targets.cluster.own_pid
+    module = os.path.basename(targets.cluster.binary)
     stored = stackless = 0
+    frames_named = {True: 0, False: 0}
+    server_named = {True: 0, False: 0}
     out: list[StackCount] = []
     raw: list[tuple[Key, AggValue]] = [
         ((k[0], (), k[1]), v) for k, v in snapshot.get("stacks").items()
     ]
     raw += snapshot.get("kstacks").items()
-    for (pid, kaddrs, uaddrs), value in raw:
+    for (pid, kstack, ustack), value in raw:
         assert isinstance(pid, int) and isinstance(value, int)
-        assert isinstance(kaddrs, tuple) and isinstance(uaddrs, tuple)
         stored += value
         if pid == own or (wanted is not None and pid not in wanted):
             continue
-        if not uaddrs:
+        user = _frames(symbolizer, pid, ustack, value, kernel=False)
+        if not user:
             stackless += value
-        frames = symbolizer.kernel_frames(kaddrs, value) if kaddrs else []
-        frames += symbolizer.user_frames(pid, uaddrs, value)
+        frames = _frames(symbolizer, pid, kstack, value, kernel=True) + user
+        for f in frames:
+            frames_named[f.resolved] += value
+            if f.module == module:
+                server_named[f.resolved] += value
         out.append(StackCount(pid, tuple(frames), value))
     taken = snapshot.get("samples").get((), 0)
     assert isinstance(taken, int)
-    stats = symbolizer.stats
-    module = os.path.basename(targets.cluster.binary)
-    server = stats.modules.get(module)
+    server = symbolizer.stats.modules.get(module)
+    server_frames = server_named[True] + server_named[False]
     return Profile(
         targets=targets,
         info=info,
@@ -490,13 +501,27 @@ def name_stacks(
         samples_taken=taken,
         samples_stored=stored,
         samples_without_stack=stackless,
-        resolved_frames=stats.resolved,
-        unresolved_frames=stats.unresolved,
+        resolved_frames=frames_named[True],
+        unresolved_frames=frames_named[False],
         server_module=module,
-        server_unresolved_pct=server.unresolved_pct if server else 0.0,
+        server_unresolved_pct=100.0 * server_named[False] / server_frames if server_frames else 0.0,
         server_symbols=server.symbols if server else "",
         backends=dict(backends or {}),
     )
+
+
+def _frames(
+    symbolizer: Symbolizer, pid: int, stack: KeyValue, weight: int, kernel: bool
+) -> list[Frame]:
+    """One stack field as Frames, innermost first."""
+    if isinstance(stack, NamedStack):
+        return stack.symbolized(kernel=kernel)
+    assert isinstance(stack, tuple)
+    if not stack:
+        return []
+    if kernel:
+        return symbolizer.kernel_frames(stack, weight)
+    return symbolizer.user_frames(pid, stack, weight)
 
 
 def print_warnings(profile: Profile) -> None:
