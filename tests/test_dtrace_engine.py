@@ -24,7 +24,7 @@ import pytest
 from helpers import CHECKOUT, need, run_pgprobe
 
 from pgprobe.discover import Cluster, Targets
-from pgprobe.engines.base import RunInfo, Snapshot
+from pgprobe.engines.base import Event, RunInfo, Snapshot
 from pgprobe.engines.dtrace import DtraceOutput
 from pgprobe.errors import EXIT_ENV
 from pgprobe.sandbox import PgCluster
@@ -72,7 +72,7 @@ def expected_rows(fixture: str, by_pid: bool = False) -> list[list[dict[str, Any
     """The rows of each snapshot, computed in-process from the same fixture."""
     info = RunInfo()
     parser = DtraceOutput({m.name: m for m in lwlocks.MAPS}, info)
-    events = []
+    events: list[Event] = []
     for line in (FIXTURES / fixture).read_text().splitlines():
         events.extend(parser.feed(line))
     events.extend(parser.finish())
