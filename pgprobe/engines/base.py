@@ -168,3 +168,7 @@ class Capture(Protocol):
     on_tick: TickCallback | None
 
     def events(self) -> Iterator[Event]: ...
+
+    def request_stop(self) -> None:
+        """End early, from any thread; what was collected is still delivered."""
+        ...

@@ -11,15 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import subprocess
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from pgprobe.engines.base import (
@@ -36,6 +32,7 @@ from pgprobe.engines.base import (
     Stats,
     TickCallback,
 )
+from pgprobe.engines.runner import TracerProcess
 from pgprobe.errors import EXIT_ENV, EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.scripts import script_path
 from pgprobe.stacks import parse_bpftrace_stack
@@ -43,9 +40,6 @@ from pgprobe.stacks import parse_bpftrace_stack
 # bpftrace prints this at every start where RLIMIT_MEMLOCK cannot be raised (containers,
 # recent kernels that account BPF memory to the cgroup instead): it is not a failure.
 BENIGN_STDERR = ("couldn't set RLIMIT_MEMLOCK",)
-STARTUP_TIMEOUT_S = 60.0
-STOP_RESEND_S = 1.0  # seconds between repeated SIGINTs
-STOP_KILL_S = 20.0
 TRACEFS = Path("/sys/kernel/tracing")
 DEBUGFS = Path("/sys/kernel/debug")
 
@@ -133,123 +127,35 @@ class BpftraceCapture:
         env: dict[str, str] | None = None,
         on_tick: TickCallback | None = None,
     ) -> None:
-        self.bpftrace = find_bpftrace()
+        bpftrace = find_bpftrace()
         self.script = script_path("bpf", script)
-        self.argv = [self.bpftrace, "-f", "json", "-k", str(self.script), *validate_args(args)]
         self.specs = {f"@{s.name}": s for s in specs}
-        self.duration = duration
-        self.env = {**os.environ, **(env or {})}
         self.on_tick = on_tick
-        self.info = RunInfo(engine="bpftrace", engine_version=bpftrace_version(self.bpftrace))
-        self._stderr: list[str] = []
-        self._resends = 0
+        self.info = RunInfo(engine="bpftrace", engine_version=bpftrace_version(bpftrace))
+        self.process = TracerProcess(
+            "bpftrace",
+            [bpftrace, "-f", "json", "-k", str(self.script), *validate_args(args)],
+            {**os.environ, **(env or {})},
+            duration,
+            self.info,
+            benign_stderr=BENIGN_STDERR,
+        )
 
-    # -- running -------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self.process.request_stop()
 
     def events(self) -> Iterator[Event]:
         self.info.warnings.extend(ensure_tracefs())
-        started = time.monotonic()
-        child = subprocess.Popen(
-            self.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,  # our SIGINT handler decides when bpftrace stops
-        )
-        assert child.stdout is not None and child.stderr is not None
-        reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
-        reader.start()
+        self.process.on_tick = self.on_tick
         parser = _OutputParser(self.specs, self.info)
-        with _StopRequest() as stop:
-            try:
-                yield from self._pump(child, parser, stop, started)
-            finally:
-                if child.poll() is None:
-                    child.kill()
-                child.wait()
-                reader.join(timeout=2)
+        yield from self.process.run(parser.feed)
         yield from parser.finish()
-        self._check_exit(child.returncode)
+        self._check_exit(self.process.returncode or 0, self.process.stderr)
 
-    def _pump(
-        self,
-        child: subprocess.Popen[bytes],
-        parser: _OutputParser,
-        stop: _StopRequest,
-        started: float,
-    ) -> Iterator[Event]:
-        assert child.stdout is not None
-        fd = child.stdout.fileno()
-        selector = selectors.DefaultSelector()
-        selector.register(fd, selectors.EVENT_READ)
-        pending = b""
-        attached_at: float | None = None
-        signalled_at: float | None = None
-        while True:
-            if selector.select(timeout=0.2):
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    yield from parser.feed(raw)
-            now = time.monotonic()
-            if attached_at is None and self.info.probes_attached:
-                attached_at = now
-                self.info.attach_seconds = now - started
-            if attached_at is not None and signalled_at is None:
-                self.info.duration_seconds = now - attached_at
-            remaining = None
-            if attached_at is not None and self.duration is not None:
-                remaining = max(0.0, self.duration - (now - attached_at))
-            if signalled_at is None and (stop.requested or remaining == 0.0):
-                self.info.interrupted = stop.requested
-                child.send_signal(signal.SIGINT)
-                signalled_at = now
-            elif signalled_at is not None:
-                self._insist(child, now - signalled_at)
-            if attached_at is None and now - started > STARTUP_TIMEOUT_S and signalled_at is None:
-                child.kill()
-                raise PgprobeError(
-                    f"bpftrace did not attach its probes within {STARTUP_TIMEOUT_S:.0f} s",
-                    EXIT_TRACER,
-                )
-            if self.on_tick is not None:
-                self.on_tick(self.info, remaining)
-        if pending.strip():
-            yield from parser.feed(pending)
-
-    def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
-        """Repeat SIGINT until bpftrace exits, and kill it if it never does.
-
-        bpftrace 0.17 only notices SIGINT when the signal interrupts its epoll_wait;
-        one sent while it is busy elsewhere can be missed, so it is sent again.
-        """
-        if child.poll() is not None:
-            return
-        if waited > STOP_KILL_S:
-            child.kill()
-            child.wait()
-            self.info.warnings.append(
-                f"bpftrace did not stop within {STOP_KILL_S:.0f} s of SIGINT and was "
-                "killed: its maps are lost"
-            )
-        elif waited > STOP_RESEND_S * (self._resends + 1):
-            self._resends += 1
-            child.send_signal(signal.SIGINT)
-
-    def _drain_stderr(self, stream: Any) -> None:
-        for raw in stream:
-            line = raw.decode(errors="replace").rstrip()
-            if line and not any(b in line for b in BENIGN_STDERR):
-                self._stderr.append(line)
-
-    def _check_exit(self, returncode: int) -> None:
-        lost = sum(int(m.group(1)) for ln in self._stderr if (m := _LOST.search(ln)))
+    def _check_exit(self, returncode: int, stderr: list[str]) -> None:
+        lost = sum(int(m.group(1)) for ln in stderr if (m := _LOST.search(ln)))
         self.info.lost_events += lost
-        problems = [ln for ln in self._stderr if not _LOST.search(ln)]
+        problems = [ln for ln in stderr if not _LOST.search(ln)]
         if returncode == 0 or (self.info.probes_attached and returncode == -signal.SIGINT):
             self.info.warnings.extend(problems)
             return
@@ -269,25 +175,6 @@ def explain(stderr_lines: list[str]) -> str:
     if "Operation not permitted" in text or "permission" in text.lower():
         text += " (run as root)"
     return text
-
-
-class _StopRequest:
-    """Turns Ctrl-C and SIGTERM into a flag while a capture runs."""
-
-    requested = False
-
-    def __enter__(self) -> _StopRequest:
-        self._old = {
-            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        return self
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
 
 
 class _OutputParser:

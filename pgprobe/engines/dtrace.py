@@ -53,16 +53,12 @@ from __future__ import annotations
 import os
 import platform
 import re
-import selectors
 import shutil
 import signal
 import subprocess
-import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pgprobe.engines.base import (
     Event,
@@ -78,12 +74,11 @@ from pgprobe.engines.base import (
     Stats,
     TickCallback,
 )
-from pgprobe.engines.bpftrace import _StopRequest, validate_args
+from pgprobe.engines.bpftrace import validate_args
+from pgprobe.engines.runner import TracerProcess
 from pgprobe.errors import EXIT_ENV, EXIT_TRACER, PgprobeError
 from pgprobe.scripts import script_path
 
-STARTUP_TIMEOUT_S = 60.0
-STOP_GRACE_S = 5.0
 # Where DTrace lives when it is not on a non-root user's PATH.
 DTRACE_PATHS = ("/usr/sbin/dtrace", "/usr/bin/dtrace", "/sbin/dtrace")
 
@@ -522,112 +517,31 @@ class DtraceCapture:
         env: dict[str, str] | None = None,
         on_tick: TickCallback | None = None,
     ) -> None:
-        self.dtrace = find_dtrace()
+        dtrace = find_dtrace()
         self.script = script_path("d", script)
-        self.argv = [self.dtrace, "-q", "-s", str(self.script), *validate_args(args)]
         self.specs = {s.name: s for s in specs}
-        self.duration = duration
-        self.env = {**os.environ, **(env or {})}
         self.on_tick = on_tick
-        self.info = RunInfo(engine="dtrace", engine_version=dtrace_version(self.dtrace))
-        self._stderr: list[str] = []
-        self._resent = False
+        self.info = RunInfo(engine="dtrace", engine_version=dtrace_version(dtrace))
+        self.process = TracerProcess(
+            "dtrace",
+            [dtrace, "-q", "-s", str(self.script), *validate_args(args)],
+            {**os.environ, **(env or {})},
+            duration,
+            self.info,
+        )
+
+    def request_stop(self) -> None:
+        self.process.request_stop()
 
     def events(self) -> Iterator[Event]:
-        started = time.monotonic()
-        child = subprocess.Popen(
-            self.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,  # our SIGINT handler decides when dtrace stops
-        )
-        assert child.stdout is not None and child.stderr is not None
-        reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
-        reader.start()
+        self.process.on_tick = self.on_tick
         parser = DtraceOutput(self.specs, self.info)
-        with _StopRequest() as stop:
-            try:
-                yield from self._pump(child, parser, stop, started)
-            finally:
-                if child.poll() is None:
-                    child.kill()
-                child.wait()
-                reader.join(timeout=2)
-        self._check_exit(child.returncode)
+        yield from self.process.run(lambda raw: parser.feed(raw.decode(errors="replace")))
+        self._check_exit(self.process.returncode or 0)
         yield from parser.finish()
 
-    def _pump(
-        self,
-        child: subprocess.Popen[bytes],
-        parser: DtraceOutput,
-        stop: _StopRequest,
-        started: float,
-    ) -> Iterator[Event]:
-        assert child.stdout is not None
-        fd = child.stdout.fileno()
-        selector = selectors.DefaultSelector()
-        selector.register(fd, selectors.EVENT_READ)
-        pending = b""
-        attached_at: float | None = None
-        signalled_at: float | None = None
-        while True:
-            if selector.select(timeout=0.2):
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    yield from parser.feed(raw.decode(errors="replace"))
-            now = time.monotonic()
-            if attached_at is None and self.info.probes_attached:
-                attached_at = now
-                self.info.attach_seconds = now - started
-            if attached_at is not None and signalled_at is None:
-                self.info.duration_seconds = now - attached_at
-            remaining = None
-            if attached_at is not None and self.duration is not None:
-                remaining = max(0.0, self.duration - (now - attached_at))
-            if signalled_at is None and (stop.requested or remaining == 0.0):
-                self.info.interrupted = stop.requested
-                child.send_signal(signal.SIGINT)
-                signalled_at = now
-            elif signalled_at is not None:
-                self._insist(child, now - signalled_at)
-            if attached_at is None and now - started > STARTUP_TIMEOUT_S and signalled_at is None:
-                child.kill()
-                raise PgprobeError(
-                    f"dtrace did not enable its probes within {STARTUP_TIMEOUT_S:.0f} s",
-                    EXIT_TRACER,
-                )
-            if self.on_tick is not None:
-                self.on_tick(self.info, remaining)
-        if pending.strip():
-            yield from parser.feed(pending.decode(errors="replace"))
-
-    def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
-        """dtrace runs END and exits soon after SIGINT; if not, ask again, then kill."""
-        if waited > STOP_GRACE_S * 3 and child.poll() is None:
-            child.kill()
-            self.info.warnings.append(
-                f"dtrace did not stop within {STOP_GRACE_S * 3:.0f} s of SIGINT and was "
-                "killed: its aggregations are lost"
-            )
-        elif waited > STOP_GRACE_S and not self._resent:
-            self._resent = True
-            child.send_signal(signal.SIGINT)
-            self.info.warnings.append(f"dtrace ignored SIGINT for {STOP_GRACE_S:.0f} s")
-
-    def _drain_stderr(self, stream: Any) -> None:
-        for raw in stream:
-            line = raw.decode(errors="replace").rstrip()
-            if line:
-                self._stderr.append(line)
-
     def _check_exit(self, returncode: int) -> None:
-        report = classify_stderr(self._stderr)
+        report = classify_stderr(self.process.stderr)
         self.info.lost_events += report.lost_events
         self.info.failed_map_updates += report.failed_map_updates
         if report.matched:

@@ -391,6 +391,9 @@ class _Ticking:
         self.inner.on_tick = tick
         yield from self.inner.events()
 
+    def request_stop(self) -> None:
+        self.inner.request_stop()
+
 
 def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
     """Discover, capture, name: the whole pipeline for the options of flame and hot.
@@ -405,6 +408,7 @@ def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
         symbolizer.snapshot(pid)
     watcher = ChildWatcher(symbolizer, targets) if targets.whole_cluster else None
     if watcher is not None:
+        watcher.seen.update(targets.pids)  # snapshotted just above
         watcher.scan()
     env = {
         "BPFTRACE_NO_USER_SYMBOLS": "1",

@@ -1,0 +1,179 @@
+"""Running a tracer process: what bpftrace and dtrace captures share.
+
+Start the tracer in its own session (so a terminal's Ctrl-C reaches pgprobe
+only), read its stdout line by line without blocking, start the duration when
+the parser says the probes are attached, and stop it with SIGINT — at the end
+of the duration, on Ctrl-C / SIGTERM, or on request from another thread — so
+that it prints its aggregations, which are still parsed and reported.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import FrameType
+from typing import IO
+
+from pgprobe.engines.base import Event, RunInfo, TickCallback
+from pgprobe.errors import EXIT_TRACER, PgprobeError
+
+STARTUP_TIMEOUT_S = 60.0
+STOP_RESEND_S = 1.0  # seconds between repeated SIGINTs
+STOP_KILL_S = 20.0  # then the tracer is killed and its maps are lost
+
+
+class TracerProcess:
+    """One tracer run; `lines()` yields what the feed function makes of its stdout."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str],
+        duration: float | None,
+        info: RunInfo,
+        benign_stderr: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = env
+        self.duration = duration
+        self.info = info
+        self.benign_stderr = benign_stderr
+        self.on_tick: TickCallback | None = None
+        self.stderr: list[str] = []
+        self.returncode: int | None = None
+        self._stop_requested = threading.Event()
+        self._resends = 0
+
+    def request_stop(self) -> None:
+        """End the capture early (thread-safe): the maps are still printed and parsed."""
+        self._stop_requested.set()
+
+    def run(self, feed: Callable[[bytes], Iterable[Event]]) -> Iterator[Event]:
+        started = time.monotonic()
+        child = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,  # our signal handler decides when the tracer stops
+        )
+        assert child.stdout is not None and child.stderr is not None
+        reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
+        reader.start()
+        with _StopSignals() as signals:
+            try:
+                yield from self._pump(child, feed, signals, started)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                child.wait()
+                reader.join(timeout=2)
+        self.returncode = child.returncode
+
+    def _pump(
+        self,
+        child: subprocess.Popen[bytes],
+        feed: Callable[[bytes], Iterable[Event]],
+        signals: _StopSignals,
+        started: float,
+    ) -> Iterator[Event]:
+        assert child.stdout is not None
+        fd = child.stdout.fileno()
+        selector = selectors.DefaultSelector()
+        selector.register(fd, selectors.EVENT_READ)
+        pending = b""
+        attached_at: float | None = None
+        signalled_at: float | None = None
+        while True:
+            if selector.select(timeout=0.2):
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    yield from feed(raw)
+            now = time.monotonic()
+            if attached_at is None and self.info.probes_attached:
+                attached_at = now
+                self.info.attach_seconds = now - started
+            if attached_at is not None and signalled_at is None:
+                self.info.duration_seconds = now - attached_at
+            remaining = None
+            if attached_at is not None and self.duration is not None:
+                remaining = max(0.0, self.duration - (now - attached_at))
+            stopping = signals.requested or self._stop_requested.is_set()
+            if signalled_at is None and (stopping or remaining == 0.0):
+                self.info.interrupted = stopping
+                child.send_signal(signal.SIGINT)
+                signalled_at = now
+            elif signalled_at is not None:
+                self._insist(child, now - signalled_at)
+            if attached_at is None and signalled_at is None and now - started > STARTUP_TIMEOUT_S:
+                child.kill()
+                raise PgprobeError(
+                    f"{self.name} did not attach its probes within {STARTUP_TIMEOUT_S:.0f} s",
+                    EXIT_TRACER,
+                )
+            if self.on_tick is not None:
+                self.on_tick(self.info, remaining)
+        if pending.strip():
+            yield from feed(pending)
+
+    def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
+        """Repeat SIGINT until the tracer exits, and kill it if it never does.
+
+        bpftrace 0.17 only notices SIGINT when the signal interrupts its epoll_wait;
+        one sent while it is busy elsewhere can be missed, so it is sent again.
+        """
+        if child.poll() is not None:
+            return
+        if waited > STOP_KILL_S:
+            child.kill()
+            child.wait()
+            self.info.warnings.append(
+                f"{self.name} did not stop within {STOP_KILL_S:.0f} s of SIGINT and was "
+                "killed: its maps are lost"
+            )
+        elif waited > STOP_RESEND_S * (self._resends + 1):
+            self._resends += 1
+            child.send_signal(signal.SIGINT)
+
+    def _drain_stderr(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace").rstrip()
+            if line and not any(b in line for b in self.benign_stderr):
+                self.stderr.append(line)
+
+
+class _StopSignals:
+    """Turns Ctrl-C and SIGTERM into a flag while a capture runs.
+
+    Only the main thread may install signal handlers; a capture run in another
+    thread (triage runs several at once) is stopped through request_stop().
+    """
+
+    requested = False
+
+    def __enter__(self) -> _StopSignals:
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            self._old = {
+                sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+            }
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
