@@ -16,7 +16,7 @@ from typing import Any
 
 from pgprobe import histogram, usdt
 from pgprobe.discover import Targets
-from pgprobe.engines.base import KeyKind, Log2Hist, MapSpec, RunInfo, Snapshot, Stats
+from pgprobe.engines.base import Capture, KeyKind, Log2Hist, MapSpec, RunInfo, Snapshot, Stats
 from pgprobe.errors import EXIT_ENV, EXIT_USAGE, PgprobeError
 from pgprobe.render import table
 from pgprobe.tools import common
@@ -216,6 +216,17 @@ def table_cells(row: WaitRow) -> dict[str, str]:
     return cells
 
 
+def start(ns: argparse.Namespace, targets: Targets, by_pid: bool, interval: int | None) -> Capture:
+    """lwlock_wait for the targets, ready to run (iterate its events)."""
+    return common.capture(
+        ns,
+        SCRIPT,
+        script_args(targets, by_pid, interval),
+        MAPS,
+        env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
+    )
+
+
 def run(ns: argparse.Namespace) -> int:
     by_pid = ns.by == "pid"
     if ns.interval and ns.interval > ns.duration:
@@ -224,13 +235,7 @@ def run(ns: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     targets = common.prepare(ns, check_server)
-    capture = common.capture(
-        ns,
-        SCRIPT,
-        script_args(targets, by_pid, ns.interval),
-        MAPS,
-        env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
-    )
+    capture = start(ns, targets, by_pid, ns.interval)
     for snapshot, info in common.snapshots(capture, ns, "LWLock waits"):
         common.refresh_if_needed(targets, by_pid and snapshot.final)
         result = rows(records(snapshot), targets, by_pid)

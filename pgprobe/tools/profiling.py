@@ -395,20 +395,45 @@ class _Ticking:
         self.inner.request_stop()
 
 
-def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
-    """Discover, capture, name: the whole pipeline for the options of flame and hot.
+@dataclass
+class ProfileRun:
+    """A CPU-sampling capture under way, and how to name its stacks once it ends."""
 
-    names_at_end: re-read pg_stat_activity after the capture, to name the
-    backends that came during it (for --per-backend).
-    """
-    targets = common.prepare(ns, check_server)
+    targets: Targets
+    capture: Capture
+    symbolizer: Symbolizer
+    watcher: ChildWatcher | None
+    hz: int
+    kernel: bool
+
+    def finish(self, snapshot: Snapshot, info: RunInfo, names_at_end: bool = False) -> Profile:
+        # Said once, as samples_without_stack (see the module doc), instead of per sample.
+        info.warnings[:] = [
+            w
+            for w in info.warnings
+            if w != "bpf helper get_stackid failed" and "failed to look up stack id" not in w
+        ]
+        _merge_repeated_warnings(info)
+        common.refresh_if_needed(self.targets, names_at_end)
+        return name_stacks(
+            self.targets,
+            info,
+            snapshot,
+            self.symbolizer,
+            hz=self.hz,
+            kernel=self.kernel,
+            backends=self.watcher.backends if self.watcher else {},
+        )
+
+
+def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
+    """Snapshot the maps of the targets and set up profile.bt for them (not started yet)."""
     symbolizer = Symbolizer(kallsyms=ns.kernel)
     symbolizer.set_fallback(targets.cluster.postmaster_pid)
     for pid in targets.pids:
         symbolizer.snapshot(pid)
     watcher = ChildWatcher(symbolizer, targets) if targets.whole_cluster else None
     if watcher is not None:
-        watcher.seen.update(targets.pids)  # snapshotted just above
         watcher.scan()
     env = {
         "BPFTRACE_NO_USER_SYMBOLS": "1",
@@ -419,29 +444,22 @@ def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
     )
     if watcher is not None:
         running = _Ticking(running, watcher.tick)
+    return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel)
+
+
+def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
+    """Discover, capture, name: the whole pipeline for the options of flame and hot.
+
+    names_at_end: re-read pg_stat_activity after the capture, to name the
+    backends that came during it (for --per-backend).
+    """
+    run = start(ns, common.prepare(ns, check_server))
     final: tuple[Snapshot, RunInfo] | None = None
-    for snapshot, info in common.snapshots(running, ns, "CPU samples"):
+    for snapshot, info in common.snapshots(run.capture, ns, "CPU samples"):
         final = (snapshot, info)
     if final is None:
         raise PgprobeError("bpftrace ended without printing its maps", EXIT_TRACER)
-    snapshot, info = final
-    # Said once, as samples_without_stack (see the module doc), instead of per sample.
-    info.warnings[:] = [
-        w
-        for w in info.warnings
-        if w != "bpf helper get_stackid failed" and "failed to look up stack id" not in w
-    ]
-    _merge_repeated_warnings(info)
-    common.refresh_if_needed(targets, names_at_end)
-    return name_stacks(
-        targets,
-        info,
-        snapshot,
-        symbolizer,
-        hz=ns.hz,
-        kernel=ns.kernel,
-        backends=watcher.backends if watcher else {},
-    )
+    return run.finish(*final, names_at_end=names_at_end)
 
 
 def _merge_repeated_warnings(info: RunInfo) -> None:

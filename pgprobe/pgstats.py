@@ -1,0 +1,257 @@
+"""What PostgreSQL's own views say over a capture window (read-only SQL).
+
+Two kinds of evidence, both independent of the kernel probes:
+- deltas of cumulative views (pg_stat_database, pg_stat_bgwriter or
+  pg_stat_checkpointer, pg_stat_wal, pg_stat_slru, pg_stat_statements), read at
+  the start and at the end of the window;
+- pg_stat_activity sampled every second: how many backends were active and what
+  they waited on (a wait-event profile, like pg_wait_sampling), with idle and
+  client waits left out since they are not the server's time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgprobe import discover
+
+# Wait event types that are not server work: a backend waiting for its client or
+# idling in its main loop (Activity) says nothing about the server's trouble.
+IDLE_WAIT_TYPES = ("Client", "Activity")
+
+DATABASE_COLUMNS = (
+    "xact_commit", "xact_rollback", "blks_read", "blks_hit", "tup_returned", "tup_fetched",
+    "tup_inserted", "tup_updated", "tup_deleted", "temp_files", "temp_bytes", "deadlocks",
+    "conflicts",
+)  # fmt: skip
+STATEMENTS_TOP = 10
+
+# pg_stat_slru names: PostgreSQL 17 renamed them; both map to the directory names.
+SLRU_DIRS = {
+    "Xact": "pg_xact", "transaction": "pg_xact",
+    "Subtrans": "pg_subtrans", "subtransaction": "pg_subtrans",
+    "MultiXactOffset": "pg_multixact/offsets", "multixact_offset": "pg_multixact/offsets",
+    "MultiXactMember": "pg_multixact/members", "multixact_member": "pg_multixact/members",
+    "CommitTs": "pg_commit_ts", "commit_timestamp": "pg_commit_ts",
+    "Serial": "pg_serial", "serializable": "pg_serial",
+    "Notify": "pg_notify", "notify": "pg_notify",
+}  # fmt: skip
+
+
+@dataclass
+class Counters:
+    """One reading of the cumulative views; subtract two to get a window's deltas."""
+
+    database: dict[str, int] = field(default_factory=dict)
+    bgwriter: dict[str, float] = field(default_factory=dict)
+    checkpointer: dict[str, float] | None = None
+    wal: dict[str, float] | None = None
+    slru: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (hit, read)
+    statements: dict[tuple[Any, ...], dict[str, Any]] | None = None
+
+
+def read_counters(conn: Any) -> Counters:
+    """The cumulative counters now (a read-only connection; views missing are None)."""
+    counters = Counters()
+    # Pending statistics of other backends reach the views at most once a second.
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT "
+            + ", ".join(f"coalesce(sum({c}), 0)::bigint" for c in DATABASE_COLUMNS)
+            + " FROM pg_stat_database"
+        )
+        counters.database = dict(zip(DATABASE_COLUMNS, map(int, cur.fetchone()), strict=True))
+        counters.bgwriter = _numeric_row(cur, "pg_stat_bgwriter") or {}
+        counters.checkpointer = _numeric_row(cur, "pg_stat_checkpointer")
+        counters.wal = _numeric_row(cur, "pg_stat_wal")
+        if _relation_exists(cur, "pg_stat_slru"):
+            cur.execute("SELECT name, blks_hit, blks_read FROM pg_stat_slru")
+            counters.slru = {str(n): (int(h), int(r)) for n, h, r in cur.fetchall()}
+        counters.statements = _statements(cur)
+    return counters
+
+
+def _relation_exists(cur: Any, name: str) -> bool:
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+    return bool(cur.fetchone()[0])
+
+
+def _numeric_row(cur: Any, view: str) -> dict[str, float] | None:
+    """The numeric columns of a one-row view, or None when the view does not exist."""
+    if not _relation_exists(cur, view):
+        return None
+    cur.execute(f"SELECT * FROM {view}")  # view is one of our own literals
+    row = cur.fetchone()
+    names = [d.name for d in cur.description]
+    return {
+        n: float(v)
+        for n, v in zip(names, row, strict=True)
+        if isinstance(v, (int, float)) or type(v).__name__ == "Decimal"
+    }
+
+
+def _statements(cur: Any) -> dict[tuple[Any, ...], dict[str, Any]] | None:
+    if not _relation_exists(cur, "pg_stat_statements"):
+        return None
+    try:
+        cur.execute(
+            "SELECT userid, dbid, queryid, query, calls, total_exec_time, rows,"
+            " shared_blks_read FROM pg_stat_statements"
+        )
+    except Exception:  # the view exists but the library is not preloaded
+        cur.connection.rollback()
+        return None
+    return {
+        (u, d, q): {
+            "query": text,
+            "calls": int(calls),
+            "total_ms": float(total),
+            "rows": int(rows),
+            "shared_blks_read": int(blks),
+        }
+        for u, d, q, text, calls, total, rows, blks in cur.fetchall()
+    }
+
+
+def deltas(before: Counters, after: Counters) -> dict[str, Any]:
+    """The window's deltas, in the triage document's `stats` layout."""
+    out: dict[str, Any] = {
+        "database": {k: after.database.get(k, 0) - v for k, v in before.database.items()},
+        "bgwriter": _diff(before.bgwriter, after.bgwriter),
+        "checkpointer": _diff(before.checkpointer, after.checkpointer),
+        "wal": _diff(before.wal, after.wal),
+        "slru": slru_deltas(before.slru, after.slru),
+        "statements": _statement_deltas(before.statements, after.statements),
+    }
+    return out
+
+
+def _diff(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float] | None:
+    if a is None or b is None:
+        return None
+    return {k: _round(b[k] - v) for k, v in a.items() if k in b}
+
+
+def _round(value: float) -> float:
+    return int(value) if float(value).is_integer() else round(value, 3)
+
+
+def slru_deltas(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> list[dict[str, Any]]:
+    rows = []
+    for name, (hit0, read0) in before.items():
+        hit1, read1 = after.get(name, (hit0, read0))
+        hits, reads = hit1 - hit0, read1 - read0
+        rows.append(
+            {
+                "slru": SLRU_DIRS.get(name, name),
+                "name": name,
+                "blks_hit": hits,
+                "blks_read": reads,
+                "hit_pct": round(100 * hits / (hits + reads), 2) if hits + reads else None,
+            }
+        )
+    return rows
+
+
+def _statement_deltas(
+    before: dict[tuple[Any, ...], dict[str, Any]] | None,
+    after: dict[tuple[Any, ...], dict[str, Any]] | None,
+) -> list[dict[str, Any]] | None:
+    if before is None or after is None:
+        return None
+    rows = []
+    for key, now in after.items():
+        then = before.get(key, {"calls": 0, "total_ms": 0.0, "rows": 0, "shared_blks_read": 0})
+        calls = now["calls"] - then["calls"]
+        if calls <= 0:
+            continue
+        total = now["total_ms"] - then["total_ms"]
+        rows.append(
+            {
+                "query": now["query"],
+                "calls": calls,
+                "total_ms": round(total, 3),
+                "mean_ms": round(total / calls, 3),
+                "rows": now["rows"] - then["rows"],
+                "shared_blks_read": now["shared_blks_read"] - then["shared_blks_read"],
+            }
+        )
+    rows.sort(key=lambda r: -float(r["total_ms"]))
+    return rows[:STATEMENTS_TOP]
+
+
+ACTIVITY_SQL = """
+SELECT coalesce(wait_event_type, ''), coalesce(wait_event, ''), state
+  FROM pg_stat_activity
+ WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+"""
+
+
+class ActivitySampler(threading.Thread):
+    """pg_stat_activity every `interval` seconds until stopped, on its own connection."""
+
+    def __init__(self, conninfo: str, interval: float = 1.0) -> None:
+        super().__init__(name="pg_stat_activity sampler", daemon=True)
+        self.conninfo = conninfo
+        self.interval = interval
+        self.samples: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self._done = threading.Event()
+        self._start = time.monotonic()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=10)
+
+    def run(self) -> None:
+        try:
+            with discover.connect_conninfo(self.conninfo) as conn, conn.cursor() as cur:
+                self._start = time.monotonic()
+                while not self._done.is_set():
+                    cur.execute(ACTIVITY_SQL)
+                    self.samples.append(self._sample(cur.fetchall()))
+                    self._done.wait(self.interval)
+        except Exception as exc:  # the server may go away mid-capture: say so, keep the rest
+            self.error = f"pg_stat_activity sampling stopped: {exc}"
+
+    def _sample(self, rows: list[tuple[str, str, str]]) -> dict[str, Any]:
+        waits: Counter[str] = Counter()
+        active = 0
+        for wait_type, wait_event, state in rows:
+            if state != "active":
+                continue
+            active += 1
+            if wait_type in IDLE_WAIT_TYPES:
+                continue
+            waits[f"{wait_type}:{wait_event}" if wait_type else "CPU"] += 1
+        return {
+            "t": round(time.monotonic() - self._start, 3),
+            "active": active,
+            "total": len(rows),
+            "waits": dict(waits),
+        }
+
+    def document(self) -> dict[str, Any]:
+        """The `activity` section: the samples and the wait profile over them."""
+        totals: Counter[str] = Counter()
+        for sample in self.samples:
+            totals.update(sample["waits"])
+        all_waits = sum(totals.values())
+        profile = []
+        for name, count in totals.most_common():
+            wait_type, _, event = name.partition(":")
+            profile.append(
+                {
+                    "wait_event_type": wait_type,
+                    "wait_event": event,
+                    "samples": count,
+                    "pct": round(100 * count / all_waits, 2) if all_waits else 0.0,
+                }
+            )
+        return {"interval_s": self.interval, "samples": self.samples, "wait_profile": profile}
