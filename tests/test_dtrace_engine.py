@@ -52,14 +52,19 @@ class FakeDtrace:
         return recorded
 
 
-@pytest.fixture
-def fake_dtrace(tmp_path: Path) -> FakeDtrace:
-    bindir = tmp_path / "bin"
+def install_fake_dtrace(directory: Path) -> FakeDtrace:
+    """An executable named dtrace in directory/bin that runs fake_dtrace.py."""
+    bindir = directory / "bin"
     bindir.mkdir()
     exe = bindir / "dtrace"
     exe.write_text(f"#!{sys.executable}\n" + (FIXTURES / "fake_dtrace.py").read_text())
     exe.chmod(0o755)
-    return FakeDtrace(bindir, tmp_path / "argv.json")
+    return FakeDtrace(bindir, directory / "argv.json")
+
+
+@pytest.fixture
+def fake_dtrace(tmp_path: Path) -> FakeDtrace:
+    return install_fake_dtrace(tmp_path)
 
 
 @pytest.fixture
