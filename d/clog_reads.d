@@ -99,6 +99,7 @@
 
 dtrace:::BEGIN
 {
+	rd_ticks = 0;	/* seconds since the last interval print */
 	printf("@@attached\tclog_reads.d\n");
 }
 

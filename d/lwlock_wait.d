@@ -88,6 +88,7 @@
 
 dtrace:::BEGIN
 {
+	lw_ticks = 0;	/* seconds since the last interval print */
 	printf("@@attached\tlwlock_wait.d\t%s\n", $$1);
 }
 

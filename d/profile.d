@@ -77,6 +77,7 @@
 
 dtrace:::BEGIN
 {
+	pr_ticks = 0;	/* seconds since the last interval print */
 	printf("@@attached\tprofile.d\t%d\n", $1);
 }
 
