@@ -1,0 +1,666 @@
+"""Overhead on the traced server: pgbench throughput with and without a tool attached.
+
+Method
+------
+One pgbench runs for the whole of a workload, with ``-P 1 --progress-timestamp``:
+every second it prints the throughput of the second that just ended, stamped with
+the wall clock. Measurement windows are whole runs of those one-second intervals,
+so a window's TPS is exact for the window and no pgbench start, connection or
+warm-up falls into it.
+
+The windows alternate: untraced (A), traced (T), A, T, ... A. Each traced window
+is compared with the mean of the untraced windows just before and just after it
+(ratio = T / mean(A_before, A_after)): a pair, in which a slow drift of the
+machine (other load, table bloat, checkpoints) cancels to first order. Ratios
+come from such pairs only, never from absolute times. The tools take turns
+(lwlocks, flame 49 Hz, flame 99 Hz, ...; the order rotates each cycle), so that
+a burst of noise hits one pair of one tool, not all pairs of one tool.
+
+A traced window starts only once the tool's probes are attached: the tool is
+started, its tracer process (bpftrace, or perf) is watched for, the bench waits
+the attach time seen so far (x 2, at least 0.3 s, 1 s at first), then for the
+next one-second boundary of pgbench's report. The window ends with a report
+boundary too, after which the tool gets SIGINT (as Ctrl-C) and the time until
+it has exited, its output written, is the finish time. The tool's own
+timestamps (``meta.attach_s``: bpftrace's start to "probes attached") then
+confirm it was attached for the whole window; an interval that started before
+the attach would be dropped (and said).
+
+Measured per traced window: TPS ratio; start-to-attach (pgprobe's start to
+probes attached = tracer spawn seen + ``attach_s``); finish; pgprobe's peak RSS
+(its own, from getrusage in bench.runtool) and bpftrace's; the tool's own event
+count (LWLock waits x 2 probes, CPU samples, SLRU reads) per second; the BPF
+programs' run count and run time in the window (kernel BPF statistics, on for
+the whole run); the CPU time of pgprobe + bpftrace during the window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import common
+from bench.runtool import ENV as RUSAGE_ENV
+from pgprobe.sandbox import PgCluster
+
+# -- what is measured ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str
+    label: str
+    args: tuple[str, ...]
+
+
+WORKLOADS = (
+    Workload("tpcb", "TPC-B-like: pgbench -c 8 -j 2", ("-c", "8", "-j", "2")),
+    Workload("select", "select-only: pgbench -S -c 8 -j 2", ("-S", "-c", "8", "-j", "2")),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way of tracing: a pgprobe command, or the perf anchor."""
+
+    key: str
+    label: str
+    kind: str  # "pgprobe" or "perf"
+    tool: str = ""  # the pgprobe command
+    args: tuple[str, ...] = ()
+    budget: float | None = None  # minimum median TPS ratio
+
+
+PGPROBE_CONFIGS = (
+    Config("lwlocks", "lwlocks", "pgprobe", "lwlocks", (), 0.97),
+    Config("flame-49", "flame 49 Hz", "pgprobe", "flame", ("-F", "49")),
+    Config("flame-99", "flame 99 Hz", "pgprobe", "flame", ("-F", "99"), 0.99),
+    Config("flame-999", "flame 999 Hz", "pgprobe", "flame", ("-F", "999")),
+    Config("clog-reads", "clog-reads", "pgprobe", "clog-reads", (), 0.98),
+    Config("triage", "triage", "pgprobe", "triage", (), 0.95),
+)
+PERF_CONFIG = Config("perf-99", "perf record -F 99 -g (anchor)", "perf")
+
+
+def available_commands() -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "pgprobe", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=common.REPO,
+    )
+    return done.stdout
+
+
+def choose_configs(with_perf: bool) -> tuple[list[Config], list[str]]:
+    """The configurations whose command `pgprobe --help` lists, and notes on the others."""
+    help_text = available_commands()
+    chosen: list[Config] = []
+    notes: list[str] = []
+    for config in PGPROBE_CONFIGS:
+        if re.search(rf"^\s+{re.escape(config.tool)}\s", help_text, re.M):
+            chosen.append(config)
+        elif not any(config.tool in n for n in notes):
+            notes.append(f"`{config.tool}`: skipped, `pgprobe --help` does not list it (yet)")
+    if with_perf:
+        ok, why = common.perf_works()
+        if ok:
+            chosen.append(PERF_CONFIG)
+        else:
+            notes.append(f"perf anchor: skipped, {why}")
+    return chosen, notes
+
+
+# -- pgbench and its one-second reports ------------------------------------------------------
+
+_PROGRESS = re.compile(r"^progress: (\d+\.\d+) s, (\d+(?:\.\d+)?) tps")
+
+
+@dataclass(frozen=True)
+class Interval:
+    start: float
+    end: float
+    tps: float
+
+
+class Pgbench:
+    """pgbench for the whole of a workload, its per-second reports collected in a thread."""
+
+    def __init__(self, cluster: PgCluster, workload: Workload, seconds: int) -> None:
+        self.process = cluster.pgbench(
+            *workload.args, "-T", str(seconds), "-P", "1", "--progress-timestamp"
+        )
+        self.intervals: list[Interval] = []
+        self.other_lines: list[str] = []
+        self._last_end: float | None = None
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            m = _PROGRESS.match(line)
+            with self._cond:
+                if m is None:
+                    self.other_lines.append(line.rstrip())
+                else:
+                    end, tps = float(m.group(1)), float(m.group(2))
+                    if self._last_end is not None:
+                        self.intervals.append(Interval(self._last_end, end, tps))
+                    self._last_end = end
+                self._cond.notify_all()
+
+    def wait_started(self, timeout: float = 30) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.intervals) >= 2, timeout):
+                raise RuntimeError("pgbench reports no progress: " + self.output_tail())
+
+    def output_tail(self) -> str:
+        return "\n".join(self.other_lines[-10:])
+
+    def next_boundary(self, after: float) -> float:
+        """The first report time after `after` (pgbench reports every second on a schedule)."""
+        with self._cond:
+            last = self.intervals[-1].end
+        return last + max(1, math.ceil(after - last))
+
+    def wait_report(self, after: float, timeout: float = 10) -> None:
+        """Until pgbench has reported an interval that ends after `after`."""
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: bool(self.intervals) and self.intervals[-1].end > after, timeout
+            )
+        if not ok and self.process.poll() is not None:
+            raise RuntimeError("pgbench stopped: " + self.output_tail())
+
+    def window(self, first_end: float, last_end: float, not_before: float = 0.0) -> Window:
+        """The reported intervals whose ends lie near first_end .. last_end (a second apart)."""
+        with self._cond:
+            got = [
+                i
+                for i in self.intervals
+                if first_end - 0.5 < i.end <= last_end + 0.5 and i.start >= not_before
+            ]
+        seconds = sum(i.end - i.start for i in got)
+        tps = sum(i.tps * (i.end - i.start) for i in got) / seconds if seconds else 0.0
+        return Window(got[0].start if got else first_end, last_end, tps, seconds, len(got))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout=5)
+
+
+@dataclass
+class Window:
+    begin: float
+    end: float
+    tps: float
+    seconds: float
+    intervals: int
+    busy_cpus: float = 0.0  # CPUs busy machine-wide during the window (of common.NCPU)
+
+
+def untraced_window(bench: Pgbench, seconds: int) -> Window:
+    b = bench.next_boundary(time.time() + 0.05)
+    common.sleep_until(b)
+    busy0, total0 = common.machine_cpu_s()
+    common.sleep_until(b + seconds)
+    bench.wait_report(b + seconds - 0.5)
+    busy1, total1 = common.machine_cpu_s()
+    w = bench.window(b + 1, b + seconds)
+    w.busy_cpus = (busy1 - busy0) / (total1 - total0) * common.NCPU if total1 > total0 else 0
+    return w
+
+
+# -- one traced window -----------------------------------------------------------------------
+
+
+@dataclass
+class ToolRun:
+    config: str
+    ok: bool = True
+    error: str = ""
+    window: Window | None = None
+    start_to_attach_s: float | None = None
+    spawn_s: float | None = None  # pgprobe's start to bpftrace's (Python, discovery, checks)
+    attach_s: float | None = None  # the tracer's own: bpftrace start to probes attached
+    finish_s: float | None = None
+    rss_mib: float | None = None  # pgprobe's own peak (perf's for the anchor)
+    tracer_rss_mib: float | None = None  # bpftrace's peak
+    events_per_s: float | None = None  # what the tool counted
+    fires_per_s: float | None = None  # BPF program runs in the window
+    bpf_ns_per_fire: float | None = None
+    tool_cpu_pct: float | None = None  # pgprobe + bpftrace CPU in the window, % of one CPU
+    cpu_total_s: float | None = None  # pgprobe + bpftrace CPU over their whole life
+    lost: int = 0
+    dropped_intervals: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _tracer_children(pid: int) -> list[int]:
+    """The capture's bpftrace processes (not `bpftrace --version`) among pid's children
+    (triage runs several side by side)."""
+    found = []
+    for child in common.children(pid):
+        argv = common.cmdline(child)
+        if argv and os.path.basename(argv[0]) == "bpftrace" and "--version" not in argv:
+            found.append(child)
+    return found
+
+
+def _tool_cpu(pids: list[int]) -> float:
+    return sum(common.proc_cpu_s(p) or 0.0 for p in pids)
+
+
+def _bpf(pids: list[int]) -> tuple[int, int]:
+    counts = [common.bpf_prog_counters(p) for p in pids]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def _attach_times(doc: Any) -> list[float]:
+    """Every meta.attach_s in a tool's JSON document (triage nests one per capture)."""
+    if isinstance(doc, dict):
+        found = [float(v) for k, v in doc.items() if k == "attach_s" and v is not None]
+        return found + [a for v in doc.values() for a in _attach_times(v)]
+    if isinstance(doc, list):
+        return [a for v in doc for a in _attach_times(v)]
+    return []
+
+
+def _events(config: Config, doc: dict[str, Any]) -> float | None:
+    """Events per second the tool itself counted, from its JSON document."""
+    meta, rows = doc.get("meta", {}), doc.get("rows", [])
+    duration = float(meta.get("duration_s") or 0)
+    if not duration:
+        return None
+    if config.tool == "lwlocks":  # a wait fires lwlock__wait__start and lwlock__wait__done
+        return 2 * sum(int(r.get("waits", 0)) for r in rows) / duration
+    if config.tool == "flame":
+        return float(meta.get("samples_taken", meta.get("samples", 0))) / duration
+    if rows and "reads" in rows[0]:
+        return sum(int(r.get("reads", 0)) for r in rows) / duration
+    return None
+
+
+@dataclass
+class _Times:
+    """Wall-clock moments of one traced window (time.time())."""
+
+    start: float  # the tool's process started
+    spawn: float = 0.0  # its (first) tracer process seen (bpftrace), or perf's events open
+    spawn_last: float = 0.0  # the last of its tracer processes seen
+    first_end: float = 0.0  # the first and last report boundaries of the window
+    last_end: float = 0.0
+    sigint: float = 0.0
+    busy: tuple[float, float] = (0.0, 0.0)  # CPUs busy machine-wide: seconds busy, total
+    tool_cpu_s: float = 0.0
+    bpf: tuple[int, int] = (0, 0)  # BPF run count and run time (ns) in the window
+
+
+class Tracer:
+    """Runs traced windows of one configuration and remembers its attach times."""
+
+    def __init__(self, config: Config, cluster: PgCluster, workdir: Path) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.workdir = workdir
+        self.attach_seen: list[float] = []
+        self.failures = 0
+
+    def attach_wait(self) -> float:
+        """How long to wait after the tracer appears: twice the longest attach seen."""
+        if not self.attach_seen:
+            return 1.0
+        return min(5.0, max(0.3, 2 * max(self.attach_seen) + 0.2))
+
+    def argv(self, duration: int, perf_data: Path) -> list[str]:
+        if self.config.kind == "perf":
+            pm = self.cluster.postmaster_pid
+            pids = [pm, *common.children(pm)]
+            return ["perf", "record", "-F", "99", "-g", "-p", ",".join(map(str, pids)),
+                    "-o", str(perf_data)]  # fmt: skip
+        extra = ["-o", str(self.workdir / "triage.html")] if self.config.tool == "triage" else []
+        return [sys.executable, "-m", "bench.runtool", self.config.tool, *self.cluster.conn_args,
+                *self.config.args, *extra, "-d", str(duration), "--json"]  # fmt: skip
+
+    def run(self, bench: Pgbench, seconds: int) -> ToolRun:
+        result = ToolRun(self.config.key)
+        rusage = self.workdir / "rusage.json"
+        perf_data = self.workdir / "perf.data"
+        out_path, err_path = self.workdir / "tool.out", self.workdir / "tool.err"
+        for stale in (rusage, perf_data):
+            stale.unlink(missing_ok=True)
+        wait = self.attach_wait()
+        # Long enough for the window and the waits before it; the window ends with SIGINT.
+        argv = self.argv(int(seconds + wait + 6), perf_data)
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            times = _Times(start=time.time())
+            child = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=common.REPO,
+                env={**os.environ, RUSAGE_ENV: str(rusage)},
+            )
+        try:
+            self._window(child, argv, times, wait, bench, seconds, result)
+        finally:
+            if child.returncode is None and child.poll() is None:
+                child.kill()
+                child.wait()
+        if result.ok:
+            if self.config.kind == "perf":
+                self._perf_results(result, times, err_path, bench)
+            else:
+                self._pgprobe_results(result, times, out_path, err_path, rusage, bench)
+        if not result.ok:
+            result.error += " " + err_path.read_text(errors="replace").strip()[-400:]
+            self.failures += 1
+        perf_data.unlink(missing_ok=True)
+        return result
+
+    def _attach(
+        self, child: subprocess.Popen[bytes], argv: list[str], t: _Times, wait: float
+    ) -> list[int]:
+        """Wait for the tracers to start, then `wait` more seconds for their probes.
+
+        pgprobe: its bpftrace children (several for triage); perf: until it has opened
+        one sampling and one tracking event per CPU for each target.
+        """
+        perf_targets = len(argv[argv.index("-p") + 1].split(",")) if "-p" in argv else 0
+        seen: dict[int, float] = {}
+        deadline = t.start + 60
+        while time.time() < deadline and child.poll() is None:
+            now = time.time()
+            if self.config.kind == "perf":
+                if not seen and common.perf_event_fds(child.pid) >= perf_targets * common.NCPU:
+                    seen[child.pid] = now
+            else:
+                for pid in _tracer_children(child.pid):
+                    seen.setdefault(pid, now)
+            if seen and now >= max(seen.values()) + wait:
+                break
+            time.sleep(0.01)
+        if seen:
+            t.spawn, t.spawn_last = min(seen.values()), max(seen.values())
+        return sorted(seen)
+
+    def _window(
+        self,
+        child: subprocess.Popen[bytes],
+        argv: list[str],
+        t: _Times,
+        wait: float,
+        bench: Pgbench,
+        seconds: int,
+        result: ToolRun,
+    ) -> None:
+        tracers = self._attach(child, argv, t, wait)
+        if not tracers or child.poll() is not None:
+            result.ok = False
+            result.error = f"no tracer after {time.time() - t.start:.1f} s (exit {child.poll()})"
+            return
+        pids = sorted({child.pid, *tracers})
+        start_of_window = bench.next_boundary(time.time() + 0.05)
+        t.first_end = start_of_window + 1
+        t.last_end = start_of_window + seconds
+        common.sleep_until(start_of_window)
+        cpu0, bpf0, busy0 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        common.sleep_until(t.last_end)
+        bench.wait_report(t.last_end - 0.5)
+        cpu1, bpf1, busy1 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        if child.poll() is not None:
+            result.ok = False
+            result.error = f"the tool ended before the window did (exit {child.returncode})"
+            return
+        t.tool_cpu_s = cpu1 - cpu0
+        t.bpf = (bpf1[0] - bpf0[0], bpf1[1] - bpf0[1])
+        t.busy = (busy1[0] - busy0[0], busy1[1] - busy0[1])
+        # Ctrl-C, and the time until the output is written and the process gone.
+        t.sigint = time.time()
+        child.send_signal(signal.SIGINT)
+        done = common.wait_measured(child, t.sigint)
+        result.finish_s = done.wall_s
+        result.cpu_total_s = done.cpu_s
+        if self.config.kind == "perf":
+            result.rss_mib = done.maxrss_kib / common.KIB_PER_MIB
+        # perf record re-raises the SIGINT once its file is written
+        if done.returncode not in (0, -signal.SIGINT):
+            result.ok = False
+            result.error = f"exit {done.returncode}"
+
+    def _fill_window(self, result: ToolRun, t: _Times, bench: Pgbench, attached: float) -> None:
+        window = bench.window(t.first_end, t.last_end, not_before=attached)
+        result.dropped_intervals = (round(t.last_end - t.first_end) + 1) - window.intervals
+        window.busy_cpus = t.busy[0] / t.busy[1] * common.NCPU if t.busy[1] else 0.0
+        result.window = window
+        span = t.last_end - (t.first_end - 1)
+        result.tool_cpu_pct = 100 * t.tool_cpu_s / span
+        if t.bpf[0] > 0:
+            result.fires_per_s = t.bpf[0] / span
+            result.bpf_ns_per_fire = t.bpf[1] / t.bpf[0]
+        if window.intervals == 0:
+            result.ok = False
+            result.error = "no whole second of the window had the probes attached"
+
+    def _perf_results(self, result: ToolRun, t: _Times, err_path: Path, bench: Pgbench) -> None:
+        result.start_to_attach_s = t.spawn - t.start
+        self.attach_seen.append(0.0)
+        self._fill_window(result, t, bench, attached=t.spawn)
+        m = re.search(r"\((\d+) samples\)", err_path.read_text(errors="replace"))
+        if m and t.sigint > t.spawn:
+            # perf samples from its events' opening to SIGINT, about the window and the
+            # waits around it
+            result.events_per_s = int(m.group(1)) / (t.sigint - t.spawn)
+
+    def _pgprobe_results(
+        self,
+        result: ToolRun,
+        t: _Times,
+        out_path: Path,
+        err_path: Path,
+        rusage: Path,
+        bench: Pgbench,
+    ) -> None:
+        lines = out_path.read_text(errors="replace").strip().splitlines()
+        try:
+            doc = json.loads(lines[-1])
+        except (ValueError, IndexError):
+            result.ok = False
+            result.error = "no JSON document on stdout"
+            return
+        meta = doc.get("meta", {})
+        result.attach_s = max(_attach_times(doc), default=0.0)
+        # pgprobe times bpftrace from just before starting it; the bench saw it within
+        # 10 ms. With several bpftrace (triage): the last one started + the longest attach.
+        attached = t.spawn_last + result.attach_s
+        result.spawn_s = t.spawn - t.start
+        result.start_to_attach_s = attached - t.start
+        self.attach_seen.append(attached - t.spawn_last)
+        result.events_per_s = _events(self.config, doc)
+        result.lost = int(meta.get("lost_events", 0)) + int(meta.get("lost_samples", 0))
+        result.warnings = [str(w) for w in meta.get("warnings", [])]
+        if rusage.exists():
+            usage = json.loads(rusage.read_text())
+            result.rss_mib = usage["self_maxrss_kib"] / common.KIB_PER_MIB
+            result.tracer_rss_mib = usage["children_maxrss_kib"] / common.KIB_PER_MIB
+        self._fill_window(result, t, bench, attached)
+
+
+# -- a workload: A T A T ... A ---------------------------------------------------------------
+
+
+@dataclass
+class Pair:
+    """A traced window and the untraced windows on either side of it."""
+
+    config: str
+    cycle: int
+    before: Window
+    run: ToolRun
+    after: Window
+
+    @property
+    def ratio(self) -> float | None:
+        base = (self.before.tps + self.after.tps) / 2
+        if not self.run.ok or self.run.window is None or not base:
+            return None
+        return self.run.window.tps / base
+
+
+@dataclass
+class WorkloadResult:
+    workload: Workload
+    seconds: int
+    pairs: list[Pair] = field(default_factory=list)
+    untraced: list[Window] = field(default_factory=list)
+    failed: list[ToolRun] = field(default_factory=list)
+    foreign_cpu_pct: float | None = None  # other processes' CPU, % of the machine
+    foreign_processes: set[str] = field(default_factory=set)
+    loadavg_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    elapsed_s: float = 0.0
+
+
+def planned_seconds(configs: int, pairs: int, seconds: int, warmup: float) -> float:
+    """A workload's expected length: windows, plus about 3.5 s of attach and finish per
+    traced window and half a second of boundary wait per untraced one."""
+    traced = configs * pairs
+    return warmup + (traced + 1) * (seconds + 0.6) + traced * (seconds + 3.5)
+
+
+def run_workload(
+    cluster: PgCluster,
+    workload: Workload,
+    configs: list[Config],
+    pairs: int,
+    seconds: int,
+    warmup: float,
+    workdir: Path,
+) -> WorkloadResult:
+    result = WorkloadResult(workload, seconds, loadavg_before=common.loadavg())
+    tracers = {c.key: Tracer(c, cluster, workdir) for c in configs}
+    roots = [os.getpid(), cluster.postmaster_pid]
+    busy0, total0 = common.machine_cpu_s()
+    ours0 = common.tree_cpu_s(roots)
+    started = time.time()
+    length = planned_seconds(len(configs), pairs, seconds, warmup)
+    bench = Pgbench(cluster, workload, int(length * 2 + 600))
+    try:
+        bench.wait_started()
+        time.sleep(warmup)
+        before = untraced_window(bench, seconds)
+        result.untraced.append(before)
+        n = 0
+        for cycle in range(pairs):
+            shift = cycle % len(configs)
+            for config in configs[shift:] + configs[:shift]:
+                tracer = tracers[config.key]
+                if tracer.failures >= 2:
+                    continue
+                n += 1
+                run = tracer.run(bench, seconds)
+                after = untraced_window(bench, seconds)
+                result.untraced.append(after)
+                result.foreign_processes.update(common.foreign_load_processes(roots))
+                if not run.ok:
+                    result.failed.append(run)
+                    common.log(f"  [{workload.key} {n}] {config.label}: FAILED {run.error}")
+                    before = after
+                    continue
+                pair = Pair(config.key, cycle, before, run, after)
+                result.pairs.append(pair)
+                common.log(f"  [{workload.key} {n}] {describe(pair)}")
+                before = after
+    finally:
+        bench.stop()
+    busy1, total1 = common.machine_cpu_s()
+    ours1 = common.tree_cpu_s(roots)
+    if total1 > total0:
+        result.foreign_cpu_pct = max(
+            0.0, 100 * ((busy1 - busy0) - (ours1 - ours0)) / (total1 - total0)
+        )
+    result.elapsed_s = time.time() - started
+    return result
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def describe(pair: Pair) -> str:
+    r, w = pair.run, pair.run.window
+    assert w is not None
+    return (
+        f"{pair.config}: ratio {_f(pair.ratio, '.3f')} (traced {w.tps:,.0f} tps over "
+        f"{w.seconds:.1f} s; untraced {pair.before.tps:,.0f} / {pair.after.tps:,.0f}) "
+        f"attach {_f(r.start_to_attach_s, '.2f')} s finish {_f(r.finish_s, '.2f')} s "
+        f"rss {_f(r.rss_mib, '.0f')} MiB events/s {_f(r.events_per_s, ',.0f')} "
+        f"fires/s {_f(r.fires_per_s, ',.0f')} tool cpu {_f(r.tool_cpu_pct, '.1f')} %"
+    )
+
+
+# -- summaries -------------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    config: Config
+    workload: Workload
+    ratios: list[float]
+    runs: list[ToolRun]
+    untraced_tps: float | None
+    busy_cpus: float | None  # machine CPUs busy in the untraced windows (median)
+
+    def med(self, attr: str) -> float | None:
+        return common.median(getattr(r, attr) for r in self.runs)
+
+    def peak(self, attr: str) -> float | None:
+        got = [getattr(r, attr) for r in self.runs if getattr(r, attr) is not None]
+        return max(got) if got else None
+
+    @property
+    def ratio(self) -> float | None:
+        return common.median(self.ratios)
+
+    @property
+    def extra_cpu_us_per_fire(self) -> float | None:
+        """(1 - ratio) x CPUs the workload kept busy / probe fires per second.
+
+        On a saturated machine throughput follows the CPU left to the workload, so
+        the throughput lost is CPU time the tracing took; spread over the probe
+        fires it is the all-in cost of one fire (trap, BPF program, tracer user
+        space), in microseconds of CPU.
+        """
+        fires = self.med("fires_per_s")
+        if self.ratio is None or self.ratio >= 1 or not fires or self.busy_cpus is None:
+            return None
+        return (1 - self.ratio) * self.busy_cpus / fires * 1e6
+
+
+def summarize(result: WorkloadResult, configs: list[Config]) -> list[Summary]:
+    out = []
+    busy = common.median(w.busy_cpus for w in result.untraced)
+    tps = common.median(w.tps for w in result.untraced)
+    for config in configs:
+        pairs = [p for p in result.pairs if p.config == config.key]
+        ratios = [p.ratio for p in pairs if p.ratio is not None]
+        out.append(Summary(config, result.workload, ratios, [p.run for p in pairs], tps, busy))
+    return out
