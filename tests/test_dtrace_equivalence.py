@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import slru_workload
 from helpers import run_pgprobe
 from test_dtrace_engine import FakeDtrace, install_fake_dtrace
-from test_dtrace_format import LWLOCK_WAIT, PROFILE, frame_text, render_run
+from test_dtrace_format import CLOG_READS, LWLOCK_WAIT, PROFILE, frame_text, render_run
 
 from pgprobe import discover, stacks
 from pgprobe.engines.base import (
@@ -37,6 +38,7 @@ from pgprobe.engines.base import (
     NamedStack,
     RunInfo,
     Snapshot,
+    Stats,
 )
 from pgprobe.engines.bpftrace import BpftraceCapture
 from pgprobe.engines.dtrace import DtraceOutput
@@ -249,3 +251,80 @@ def test_profile_stacks_fold_the_same(cluster: PgCluster, busy_backend: int) -> 
         folded_b[comparable(real)] = folded_b.get(comparable(real), 0) + count
     assert folded_d == folded_b
     assert any("PostgresMain" in line for line in folded_d), "the server's frames are named"
+
+
+# -- clog reads -------------------------------------------------------------------------------
+
+CLOG_SPECS = (
+    MapSpec("read_stats", ("int", "str")),
+    MapSpec("read_bytes", ("int", "str")),
+    MapSpec("read_max_ns", ("int", "str")),
+    MapSpec("read_ns", ("int", "str")),
+    MapSpec("open_errors", ("int", "str")),
+    MapSpec("read_stacks", ("int", "stack")),
+)
+
+
+@pytest.fixture(scope="module")
+def slru_cluster(tracing: None) -> Iterator[PgCluster]:
+    """A cluster with 4 pg_xact buffers, quiet: every lookup of an old xid reads a page."""
+    with PgCluster(settings=slru_workload.CLUSTER_SETTINGS, name="pgprobe-dslru") as pg:
+        yield pg
+
+
+def test_clog_reads_records_are_the_same(slru_cluster: PgCluster) -> None:
+    pg = slru_cluster
+    with pg.connect() as conn:
+        first, last = slru_workload.burn_xids(conn, slru_workload.xact_burn_size(conn))
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        pid = int(str(row[0]))
+        symbolizer = Symbolizer(kallsyms=False)
+        symbolizer.set_fallback(pg.postmaster_pid)
+        symbolizer.snapshot(pid)
+        capture = BpftraceCapture(
+            "clog_reads.bt",
+            [pg.postmaster_pid, 1, 1, pid, 0],  # pg_xact, MODE 1 (stacks), this backend
+            CLOG_SPECS,
+            duration=5,
+            env={"BPFTRACE_NO_USER_SYMBOLS": "1", "BPFTRACE_STRLEN": "32"},
+        )
+        looked_up: list[int] = []
+
+        def provoke() -> None:
+            while not capture.info.probes_attached:
+                time.sleep(0.05)
+            time.sleep(2)  # bpftrace says "attached" before the last probe is
+            looked_up.extend(slru_workload.provoke_xact_reads(conn, first, last))
+
+        worker = threading.Thread(target=provoke)
+        worker.start()
+        (snap,) = [e for e in capture.events() if isinstance(e, Snapshot)]
+        worker.join(timeout=60)
+    reads = sum(v.count for v in snap.get("read_stats").values() if isinstance(v, Stats))
+    assert looked_up and reads == len(looked_up)
+    # What DTrace would print for the same reads: the stacks named in the process.
+    as_d = Snapshot(label=snap.label, final=True)
+    for spec in CLOG_SPECS[:-1]:
+        if snap.get(spec.name):
+            as_d.maps[spec.name] = snap.get(spec.name)
+    named: dict[Key, AggValue] = {}
+    for (spid, addrs), count in snap.get("read_stacks").items():
+        assert isinstance(spid, int) and isinstance(addrs, tuple) and isinstance(count, int)
+        frames = symbolizer.user_frames(spid, addrs, count)
+        texts = (dtrace_frame_text(f, a) for f, a in zip(frames, addrs, strict=True))
+        key = (spid, NamedStack(tuple(texts)))
+        named[key] = int(str(named.get(key, 0))) + count
+    as_d.maps["read_stacks"] = named
+    (parsed,) = parse_d(render_run([as_d], CLOG_READS, "clog_reads.d"), CLOG_SPECS)
+    for spec in CLOG_SPECS[:-1]:
+        assert parsed.get(spec.name) == snap.get(spec.name), spec.name
+    assert parsed.get("read_stacks") == named
+    assert sum(v for v in named.values() if isinstance(v, int)) == reads
+    slru_frames = [
+        f.name
+        for (_, stack) in parsed.get("read_stacks")
+        if isinstance(stack, NamedStack)
+        for f in stack.symbolized()
+    ]
+    assert "SimpleLruReadPage" in slru_frames and "TransactionIdGetStatus" in slru_frames
