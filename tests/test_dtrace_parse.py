@@ -381,3 +381,21 @@ def test_unknown_failure_is_a_tracer_error() -> None:
     error = explain_failure(report)
     assert error.exit_code == EXIT_TRACER
     assert "syntax error" in error.message
+
+
+def test_records_out_of_layout_are_left_out_and_said() -> None:
+    text = (
+        "@@snapshot\t2026 Nov 21 10:00:01\n"
+        "@wait_max_ns\t0\tWALWrite\tExclusive\tlots\n"  # not a number
+        "@wait_max_ns\t0\tWALWrite\n"  # too few key fields
+        "@kstacks\t4242\t3\n"  # two stacks expected, one given
+        "              postgres`main+0x2e3\n"
+        "@wait_max_ns\t0\tWALInsert\tExclusive\t900\n"
+    )
+    events, info = parse_text(text, (*lwlocks.MAPS, *PROFILE_SPECS))
+    (snap,) = snapshots(events)
+    assert snap.get("wait_max_ns") == {(0, "WALInsert", "Exclusive"): 900}
+    assert snap.get("kstacks") == {}
+    (warning,) = info.warnings
+    assert warning.startswith("3 records of dtrace's output not understood")
+    assert "lots" in warning

@@ -319,6 +319,8 @@ class DtraceOutput:
         self.current: Snapshot | None = None
         self.pending: _Hist | _Stacks | None = None
         self.halves: dict[str, dict[Key, list[int | None]]] = {}
+        self.unparsed = 0  # records not in the layout: said once, at the end
+        self.first_unparsed = ""
 
     # feeding ---------------------------------------------------------------------------
 
@@ -328,18 +330,27 @@ class DtraceOutput:
             return
         if isinstance(self.pending, _Stacks) and self._stack_line(self.pending, line):
             return
-        self._close_pending()
+        self._close_pending_or_warn()
         if not line.strip():
             return  # the blank lines %@d and %k leave around tables and stacks
         if line.startswith("@@"):
             yield from self._control(line)
         elif line.startswith("@"):
-            self._record(line)
+            try:
+                self._record(line)
+            except ValueError as exc:
+                self._not_understood(line, exc)
         else:
             yield Line(line)
 
     def finish(self) -> Iterator[Event]:
-        self._close_pending()
+        self._close_pending_or_warn()
+        if self.unparsed:
+            self.info.warnings.append(
+                f"{self.unparsed} records of dtrace's output not understood (left out), "
+                f"first: {self.first_unparsed}"
+            )
+            self.unparsed = 0
         if self.current is not None:
             self._close_halves()
             self.current.final = True
@@ -440,6 +451,17 @@ class DtraceOutput:
             record.stacks[-1].append(text)
             return True
         return False
+
+    def _not_understood(self, text: str, exc: ValueError) -> None:
+        self.unparsed += 1
+        self.first_unparsed = self.first_unparsed or f"{text[:120]!r} ({exc})"
+
+    def _close_pending_or_warn(self) -> None:
+        name = self.pending.name if self.pending is not None else ""
+        try:
+            self._close_pending()
+        except ValueError as exc:
+            self._not_understood(f"@{name}", exc)
 
     def _close_pending(self) -> None:
         pending, self.pending = self.pending, None
