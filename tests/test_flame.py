@@ -129,12 +129,32 @@ def stop(probe: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
-def run_query(conn: psycopg.Connection[Any], seconds: float) -> None:
-    """QUERY for `seconds` of wall time (statement_timeout cancels it)."""
-    conn.execute(f"SET statement_timeout = '{int(seconds * 1000)}ms'")
-    with pytest.raises(psycopg.errors.QueryCanceled):
-        conn.execute(QUERY)
-    conn.execute("RESET statement_timeout")
+def run_query(cluster: PgCluster, conn: psycopg.Connection[Any], pid: int, cpu_s: float) -> None:
+    """QUERY until the backend has used `cpu_s` of CPU time, then cancel it.
+
+    CPU time, not wall time: on a shared machine the backend may get a small
+    share of a CPU, and the checks need enough samples to judge.
+    """
+    start = cpu_seconds(pid)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            conn.execute(QUERY)
+        except psycopg.errors.QueryCanceled:
+            pass
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while cpu_seconds(pid) - start < cpu_s and thread.is_alive():
+        assert time.monotonic() < deadline, "the backend got almost no CPU for 60 s"
+        time.sleep(0.02)
+    cluster.sql(f"SELECT pg_cancel_backend({pid})")
+    thread.join(30)
+    assert not thread.is_alive() and not errors, errors
 
 
 def leaf(stack: tuple[str, ...]) -> str:
@@ -142,6 +162,13 @@ def leaf(stack: tuple[str, ...]) -> str:
 
 
 def assert_close(samples: int, cpu_s: float, hz: int) -> None:
+    """samples ~ CPU time x Hz, within 10 %.
+
+    Measured on this 2-CPU VM: within 1 % when the backend has a CPU to itself;
+    +1 to +6 % (once +9 %) when it competes with many short-lived tasks (other
+    people's pgbench): timer sampling then catches the CPU hog more often than
+    its share.
+    """
     expected = cpu_s * hz
     print(f"samples {samples}, expected {expected:.0f} ({cpu_s:.2f} s of CPU x {hz} Hz)")
     assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
@@ -187,12 +214,12 @@ def test_flame_folded_is_the_query_and_counts_its_cpu_time(
     cluster: PgCluster, backend: tuple[psycopg.Connection[Any], int]
 ) -> None:
     conn, pid = backend
-    hz = 199
+    hz = 997  # ~2000 samples: 10 % is 4 sigma even when preemption makes sampling random
     probe = start_pgprobe("flame", *cluster.conn_args, "--pid", str(pid), "-F", str(hz),
                           "-d", "60", "--folded")  # fmt: skip
     wait_sampling(probe)
     before = cpu_seconds(pid)
-    run_query(conn, 2.5)  # idle before and after: its CPU time is all there is to sample
+    run_query(cluster, conn, pid, 2.0)  # idle before and after: all there is to sample
     cpu_s = cpu_seconds(pid) - before
     out, err = stop(probe)
 
@@ -224,7 +251,7 @@ def test_hot_ranks_the_query_functions_on_top(cluster: PgCluster, busy: int) -> 
     assert doc["tool"] == "hot"
     assert meta["pids"] == [busy] and meta["sampled_pids"] == [busy]
     assert meta["hz"] == 99 and meta["lost_samples"] == 0
-    assert meta["samples"] > 50  # 3 s x 99 Hz of a busy backend, on a shared machine
+    assert meta["samples"] > 20  # at most 3 s x 99 Hz: less when the machine is busy
     assert set(rows[0]) == {
         "function", "module", "self_samples", "self_pct", "total_samples", "total_pct",
     }  # fmt: skip
@@ -262,7 +289,7 @@ def test_hot_ranks_the_query_functions_on_top(cluster: PgCluster, busy: int) -> 
 def test_backend_that_exits_during_the_capture_is_named_per_backend(
     cluster: PgCluster, tracing: None
 ) -> None:
-    hz = 199
+    hz = 997  # ~2000 samples: 10 % is 4 sigma even when preemption makes sampling random
     probe = start_pgprobe("flame", *cluster.conn_args, "-F", str(hz), "-d", "60", "--folded",
                           "--per-backend")  # fmt: skip
     wait_sampling(probe)
@@ -272,11 +299,16 @@ def test_backend_that_exits_during_the_capture_is_named_per_backend(
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         pid = int(row[0])
-        run_query(conn, 2.0)
-        cpu_s = cpu_seconds(pid)  # its whole life so far: all inside the capture
+        run_query(cluster, conn, pid, 1.5)
+    # Its whole life is inside the capture: its CPU time at the end is all there is to sample.
+    cpu_s = 0.0
     deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while time.monotonic() < deadline:
+        try:
+            cpu_s = cpu_seconds(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.01)
     assert not os.path.exists(f"/proc/{pid}"), "the backend did not exit"
     time.sleep(0.3)
     out, err = stop(probe)
