@@ -434,6 +434,7 @@ def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
         symbolizer.snapshot(pid)
     watcher = ChildWatcher(symbolizer, targets) if targets.whole_cluster else None
     if watcher is not None:
+        watcher.seen.update(targets.pids)  # snapshotted just above
         watcher.scan()
     env = {
         "BPFTRACE_NO_USER_SYMBOLS": "1",
