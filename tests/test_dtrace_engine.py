@@ -201,6 +201,17 @@ def test_ctrl_c_prints_what_was_collected(pg: PgCluster, fake_dtrace: FakeDtrace
     assert len(doc["rows"]) == 11
 
 
+def test_dtrace_gets_one_sigint_and_time_to_print(pg: PgCluster, fake_dtrace: FakeDtrace) -> None:
+    """A second SIGINT makes dtrace "impatient": it stops printing and END's output is lost.
+
+    Printing can take seconds (naming thousands of user stacks), so the engine
+    must not repeat SIGINT the way bpftrace needs it.
+    """
+    done = lwlocks_dtrace(pg, fake_dtrace, "-d", "1", "--json", FAKE_DTRACE_END_DELAY="3.5")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["rows"]) == 11
+
+
 # -- failures, each in one line ---------------------------------------------------------------
 
 
