@@ -212,6 +212,34 @@ def test_dtrace_gets_one_sigint_and_time_to_print(pg: PgCluster, fake_dtrace: Fa
     assert len(json.loads(done.stdout)["rows"]) == 11
 
 
+def test_hot_and_flame_through_dtrace(
+    pg: PgCluster, fake_dtrace: FakeDtrace, tmp_path: Path
+) -> None:
+    """Stacks named by DTrace (NamedStack) through the profiling tools."""
+    env = fake_dtrace.env(output="profile_hotuser.out")
+    done = run_pgprobe(["hot", *pg.conn_args, "--engine", "dtrace", "-d", "1", "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    # dtrace -q -s d/profile.d HZ POSTMASTER ONLY_PID KSTACKS INTERVAL
+    assert fake_dtrace.argv()[3:] == ["99", str(pg.postmaster_pid), "0", "0", "0"]
+    doc = json.loads(done.stdout)
+    assert doc["meta"]["engine"] == "dtrace" and doc["meta"]["samples"] == 4694
+    top = doc["rows"][0]
+    assert (top["function"], top["module"], top["self_samples"]) == (
+        "hash_bytes_extended",
+        "postgres",
+        1893 + 702,  # two sample sites in one function
+    )
+    folded = tmp_path / "cpu.folded"
+    args = ["flame", *pg.conn_args, "--engine", "dtrace", "-d", "1", "--folded", "-o", str(folded)]
+    done = run_pgprobe(args, env=env)
+    assert done.returncode == 0, done.stderr
+    stacks = dict(line.rsplit(" ", 1) for line in folded.read_text().splitlines())
+    assert sum(int(n) for n in stacks.values()) == 4694
+    hot = max(stacks, key=lambda k: int(stacks[k]))
+    assert hot.startswith("_start;main;PostmasterMain;ServerLoop;PostgresMain;")
+    assert hot.endswith(";hashtext;hash_bytes_extended") and stacks[hot] == "2595"
+
+
 # -- failures, each in one line ---------------------------------------------------------------
 
 
