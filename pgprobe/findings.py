@@ -21,6 +21,9 @@ API
     "waits", "cpu", "sql", "capture"). ``as_json()`` gives the dict stored in
     ``doc["findings"]``.
 
+``findings(doc) -> list[Finding]``
+    The same as ``evaluate(doc)``.
+
 ``findings_json(doc) -> list[dict]``
     ``[f.as_json() for f in evaluate(doc)]``: what goes into the document's ``findings``.
 
@@ -60,14 +63,18 @@ SECTION_TITLES = {
     "activity": "wait-event sampling",
     "stats": "statistics deltas",
 }
-# Words that a warning about a section is likely to contain (warnings are free text).
+# What a warning about a section is likely to say (warnings are free text): whole words.
 _SECTION_WORDS = {
-    "lwlocks": ("lwlock", "lwlock__wait", "usdt"),
-    "clog_reads": ("clog", "slru", "pg_xact"),
-    "hot": ("hot", "profile", "cpu sampl", "perf_event"),
-    "flame": ("flame", "profile", "cpu sampl", "perf_event"),
-    "activity": ("pg_stat_activity", "activity", "sampling"),
-    "stats": ("pg_stat_", "statistics", "stats"),
+    "lwlocks": re.compile(r"\b(lwlocks?|lwlock__wait\w*|usdt)\b", re.I),
+    "clog_reads": re.compile(r"\b(clog[_-]reads?|clog|slru|pg_xact)\b", re.I),
+    "hot": re.compile(r"\b(hot|profile|profiling|cpu sampl\w*|perf_event\w*)\b", re.I),
+    "flame": re.compile(r"\b(flame|profile|profiling|cpu sampl\w*|perf_event\w*)\b", re.I),
+    "activity": re.compile(r"\b(pg_stat_activity|activity|sampler)\b", re.I),
+    "stats": re.compile(
+        r"\b(stats|statistics|counters|pg_stat_(database|bgwriter|checkpointer|wal|slru|"
+        r"statements))\b",
+        re.I,
+    ),
 }
 
 
@@ -299,12 +306,25 @@ def _slru_dir(name: str) -> str:
     return "pg_xact" if head == "pg_clog" else head
 
 
+# The remedy in a few words, for the LWLock finding (the SLRU reads finding has it in full).
+_SLRU_REMEDY = {
+    "pg_xact": "VACUUM recently written tables, end long transactions, more pg_xact buffers "
+    "(transaction_buffers on 17+, shared_buffers on 13-16)",
+    "pg_subtrans": "fewer subtransactions, shorter transactions (subtransaction_buffers on 17+)",
+    "pg_multixact": "fewer shared row locks (multixact_*_buffers on 17+)",
+    "pg_commit_ts": "track_commit_timestamp off if unused (commit_timestamp_buffers on 17+)",
+    "pg_serial": "shorter serializable transactions (serializable_buffers on 17+)",
+    "pg_notify": "listeners that keep up (notify_buffers on 17+)",
+}
+
+
 def _slru_family(slru: str, *tranches: str) -> _Family:
-    meaning, step = _SLRU_ADVICE[slru]
+    meaning = _SLRU_ADVICE[slru][0]
     return _Family(
         frozenset(tranches),
         "its buffers thrash, backends queue for pages being read in",
-        f"{meaning}: {step} (see the SLRU reads)",
+        f"{meaning}: the SLRU reads show which backends miss and how often; in short: "
+        f"{_SLRU_REMEDY[slru]}",
     )
 
 
@@ -582,7 +602,10 @@ def slru_reads(doc: Doc) -> list[Finding]:
         if severity is None:
             continue
         meaning, step = _SLRU_ADVICE.get(slru, ("its buffers are too few", "see the stacks"))
-        step = f"{meaning}: {step}"
+        step = (
+            f"{meaning}: {step}; search the flame graph for SimpleLruReadPage: its callers are "
+            "the code that misses"
+        )
         evidence = []
         if got and source == "probe":
             pids = len(got["pids"])
@@ -1535,8 +1558,8 @@ def capture_unresolved(doc: Doc) -> list[Finding]:
 def section_reason(doc: Doc, name: str) -> str:
     """Why section `name` is null: the warnings that mention it, or a plain default."""
     warnings = [str(w) for w in _meta(doc).get("warnings") or [] if w]
-    words = _SECTION_WORDS.get(name, (name,))
-    hits = [w for w in warnings if name in w.lower() or any(x in w.lower() for x in words)]
+    rx = _SECTION_WORDS.get(name) or re.compile(rf"\b{re.escape(name)}\b", re.I)
+    hits = [w for w in warnings if rx.search(w)]
     return "; ".join(hits) if hits else "no reason was recorded (meta.warnings says nothing)"
 
 
@@ -1588,6 +1611,11 @@ def evaluate(doc: Doc) -> list[Finding]:
         found.append(_nothing_stands_out(doc))
     found.sort(key=lambda f: (_RANK[f.severity], -f.magnitude, f.id))
     return found
+
+
+def findings(doc: Doc) -> list[Finding]:
+    """The same as evaluate(doc)."""
+    return evaluate(doc)
 
 
 def findings_json(doc: Doc) -> list[dict[str, Any]]:

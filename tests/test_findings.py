@@ -144,8 +144,8 @@ def test_lwlock_tranches_variant_lockmanager_without_row_locks_is_the_fast_path(
         ("BufferContent", "lwlock.BufferContent", "same hot pages", "fillfactor"),
         ("BufferMapping", "lwlock.BufferMapping", "larger than shared_buffers", "shared_buffers"),
         ("ProcArray", "lwlock.ProcArray", "too many connections", "pooler"),
-        ("SubtransSLRU", "lwlock.pg_subtrans", "pg_subtrans's SLRU", "SAVEPOINT"),
-        ("MultiXactOffsetSLRU", "lwlock.pg_multixact", "pg_multixact's SLRU", "FOR SHARE"),
+        ("SubtransSLRU", "lwlock.pg_subtrans", "pg_subtrans's SLRU", "subtransactions"),
+        ("MultiXactOffsetSLRU", "lwlock.pg_multixact", "pg_multixact's SLRU", "shared row locks"),
         ("SomeNewTranche", "lwlock.SomeNewTranche", "SomeNewTranche", "wait event"),
     ],
 )

@@ -1,0 +1,554 @@
+"""The triage report (pgprobe.render.report.render_html) on the recorded triage documents.
+
+Parsing: the page must be well-formed (every element closed, in order), hold every section
+with the recorded data, escape what comes from the database, reference nothing on the
+network, and say "unavailable: <reason>" for sections that are null. The SVG parts (the wait
+timeline, and the flame graph inside its iframe) must parse as XML.
+
+Browser: Debian's headless Chromium through selenium, set up as in
+tests/test_flamegraph_browser.py (/usr/bin/chromedriver, selenium-manager never runs, the
+network-quiet flags). Missing browser: skipped, but under CI=true a failure. The report must
+load without console errors (its Content-Security-Policy forbids any fetch, so a fetch would
+show up as one), the flame graph must render, zoom on click and search inside its iframe,
+and the timeline must have bars. Screenshots go to tests/artifacts/ for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from functools import cache
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgprobe.findings import SECTIONS
+from pgprobe.render.flamegraph import XPAD, render_svg
+from pgprobe.render.report import render_html, timeline_svg
+
+FIXTURES = Path(__file__).parent / "fixtures" / "triage"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+CHROMIUM = os.environ.get("PGPROBE_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("PGPROBE_CHROMEDRIVER", "/usr/bin/chromedriver")
+REPORT_SECTIONS = ["findings", "flame", "lwlocks", "slru", "waits", "cpu", "sql", "capture"]
+VOID = {"meta", "link", "br", "hr", "img", "input", "col", "area", "base", "wbr", "source"}
+EVIL_QUERY = (
+    "SELECT '<script>alert(1)</script>' AS x, 'a&b' FROM \"t\" WHERE u = 'http://x.example/'"
+)
+
+
+@cache
+def _recorded(name: str) -> str:
+    return (FIXTURES / f"{name}.json").read_text(encoding="utf-8")
+
+
+def load(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(_recorded(name))
+    return doc
+
+
+class Page(HTMLParser):
+    """A strict walk over the page: tag balance, ids, attributes, text per section."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.ids: list[str] = []
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text_by_section: dict[str, list[str]] = {}
+        self.section: str | None = None
+        self.feed(text)
+        self.close()
+        if self.stack:
+            self.errors.append(f"unclosed: {self.stack}")
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if a.get("id"):
+            self.ids.append(str(a["id"]))
+        if tag == "section":
+            self.section = a.get("id")
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))  # <rect .../> in the inline SVG
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+            return
+        self.stack.pop()
+        if tag == "section":
+            self.section = None
+
+    def handle_data(self, data: str) -> None:
+        if self.section:
+            self.text_by_section.setdefault(self.section, []).append(data)
+
+    def text(self, section: str) -> str:
+        return " ".join(" ".join(self.text_by_section.get(section, [])).split())
+
+    def attrs(self, tag: str) -> list[dict[str, str | None]]:
+        return [a for t, a in self.tags if t == tag]
+
+
+def render(name: str, flame_svg: str | None = None, **edits: Any) -> tuple[str, Page]:
+    doc = load(name)
+    doc.update(edits)
+    text = render_html(doc, flame_svg)
+    return text, Page(text)
+
+
+def srcdoc(page: Page) -> str:
+    frames = [a for a in page.attrs("iframe") if a.get("id") == "flamegraph"]
+    assert len(frames) == 1
+    value = frames[0].get("srcdoc")
+    assert value
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure and data.
+
+
+@pytest.mark.parametrize("name", ["pgbench", "slru", "idle"])
+def test_page_parses_and_has_every_section(name: str) -> None:
+    text, page = render(name)
+    assert text.startswith("<!DOCTYPE html>")
+    assert page.errors == []
+    for sid in REPORT_SECTIONS:
+        assert sid in page.ids, sid
+    assert len(page.ids) == len(set(page.ids)), "duplicate ids"
+    # the findings come first, then the evidence in the order of the issue
+    positions = [text.index(f'<section id="{s}"') for s in REPORT_SECTIONS]
+    assert positions == sorted(positions)
+    assert "unavailable" not in page.text("findings")
+
+
+def test_sections_hold_the_recorded_data() -> None:
+    doc = load("slru")
+    text, page = render("slru")
+    findings = page.text("findings")
+    assert re.search(r"pg_xact reads: [\d,]+/s from 16 backends", findings)
+    assert "Evidence:" in findings and "Next step:" in findings
+    lw = page.text("lwlocks")
+    for row in doc["lwlocks"]["rows"]:
+        assert row["tranche"] in lw
+    assert f"{doc['lwlocks']['rows'][0]['waits']:,}" in lw
+    slru = page.text("slru")
+    assert "pg_xact/0000" in slru
+    assert f"{doc['clog_reads']['rows'][0]['reads']:,}" in slru
+    assert "Xact" in slru and f"{doc['stats']['slru'][6]['blks_read']:,}" in slru
+    cpu = page.text("cpu")
+    for row in doc["hot"]["rows"][:5]:
+        assert row["function"] in cpu
+    sql = page.text("sql")
+    assert f"{doc['stats']['database']['xact_commit']:,}" in sql
+    assert "buffers_backend" in sql and "wal_records" in sql
+    assert "unavailable: pg_stat_statements is not installed" in sql
+    waits = page.text("waits")
+    assert "transactionid" in waits and "XactBuffer" in waits
+    assert doc["meta"]["server_binary"] in page.text("capture")
+    # the flame graph: the recorded stacks, inside the iframe's document
+    inner = srcdoc(page)
+    assert inner.count('<g class="f"') > 100
+    assert "PostgresMain" in inner and "base_yyparse" in inner
+    assert "<script>" in inner and "function zoomTo" in inner
+
+
+def test_statements_and_checkpoints_of_pgbench() -> None:
+    doc = load("pgbench")
+    _, page = render("pgbench")
+    sql = page.text("sql")
+    assert "UPDATE pgbench_branches SET bbalance = bbalance + $1 WHERE bid = $2" in sql
+    assert f"{doc['stats']['bgwriter']['checkpoints_req']:,}" in sql
+    assert "checkpoints requested" in page.text("findings")
+
+
+def test_findings_from_the_document_are_used_when_present() -> None:
+    doc = load("idle")
+    doc["findings"] = [
+        {
+            "id": "x",
+            "severity": "medium",
+            "title": "Recorded finding",
+            "evidence": "e",
+            "next_step": "n",
+            "section": "lwlocks",
+        }
+    ]
+    page = Page(render_html(doc, None))
+    text = page.text("findings")
+    assert "Recorded finding" in text and "Nothing stands out" not in text
+    assert any(a.get("href") == "#lwlocks" for a in page.attrs("a"))
+
+
+def test_a_given_flame_svg_is_the_one_embedded() -> None:
+    svg = render_svg("postgres;PostgresMain;ExecScan 5\n", title="Given <title> & co")
+    _, page = render("idle", flame_svg=svg)
+    inner = srcdoc(page)
+    assert "Given &lt;title&gt; &amp; co" in inner
+    assert "<?xml" not in inner
+
+
+def test_svg_parts_parse_as_xml() -> None:
+    text, page = render("slru")
+    m = re.search(r'<svg class="timeline".*?</svg>', text, re.S)
+    assert m is not None
+    chart = ET.fromstring(m.group(0))
+    bars = [e for e in chart.iter("rect") if e.get("class") == "bar"]
+    assert len(bars) >= 5
+    assert {b.get("data-type") for b in bars} >= {"Lock", "LWLock", "CPU"}
+    assert all(float(b.get("height") or 0) > 0 for b in bars)
+    inner = srcdoc(page)
+    fm = re.search(r"<svg\b.*</svg>", inner, re.S)
+    assert fm is not None
+    flame = ET.fromstring(fm.group(0))
+    assert flame.tag == "{http://www.w3.org/2000/svg}svg"
+
+
+def test_timeline_stacks_active_backends_by_wait_type() -> None:
+    activity = {
+        "interval_s": 1.0,
+        "samples": [
+            {"t": 0.0, "active": 5, "total": 9, "waits": {"CPU": 2, "Lock:tuple": 1}},
+            {"t": 1.0, "active": 0, "total": 9, "waits": {}},
+            {"t": 2.0, "active": 3, "total": 9, "waits": {"IO:DataFileRead": 3}},
+        ],
+    }
+    chart = ET.fromstring(timeline_svg(activity))
+    bars = [e for e in chart.iter("rect") if e.get("class") == "bar"]
+    # sample 0: CPU 2, Lock 1 and 2 active backends talking to clients; sample 2: IO 3
+    assert [b.get("data-type") for b in bars] == ["CPU", "Lock", "Client", "IO"]
+    heights = [float(b.get("height") or 0) for b in bars]
+    assert heights[0] == pytest.approx(2 * heights[1]) and heights[3] == pytest.approx(
+        3 * heights[1]
+    )
+    titles = [t.text or "" for b in bars for t in b.iter("title")]
+    assert titles[1] == "0.0 s: Lock 1 of 5 active (tuple 1)"
+    labels = [t.text for t in chart.iter("text")]
+    assert "active backends" in labels and "seconds since the start of the capture" in labels
+    assert "CPU (no wait event)" in labels and "IO" in labels
+
+
+# ---------------------------------------------------------------------------------------------
+# Escaping and no network.
+
+
+def _evil_doc() -> dict[str, Any]:
+    doc = load("pgbench")
+    doc["stats"]["statements"][0]["query"] = EVIL_QUERY
+    doc["hot"]["rows"][0]["function"] = "<img src=x onerror=alert(2)>"
+    doc["meta"]["host"] = 'db"><script>alert(3)</script>'
+    doc["meta"]["warnings"].append("see https://wiki.example.org/page?a=1&b=<2>")
+    return doc
+
+
+def test_strings_from_the_database_are_escaped() -> None:
+    text = render_html(_evil_doc(), None)
+    page = Page(text)
+    assert page.errors == []
+    assert "<script>alert" not in text and "<img src=x" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert page.attrs("script") == [] and page.attrs("img") == []  # the page runs no script
+    sql = page.text("sql")
+    assert EVIL_QUERY in sql  # shown exactly as the server has it
+    assert 'db"><script>alert(3)</script>' in page.text("capture")
+    assert "<img src=x onerror=alert(2)>" in page.text("cpu")
+
+
+def test_nothing_refers_to_the_network() -> None:
+    text = render_html(_evil_doc(), None)
+    page = Page(text)
+    # the only literal URLs allowed are the flame graph's xmlns attributes (none are left: the
+    # report writes '://' as '&#58;//' everywhere, the srcdoc included)
+    for m in re.finditer(r"https?://", text, re.I):
+        before = text[max(0, m.start() - 12) : m.start()]
+        assert "xmlns" in before, text[m.start() - 40 : m.end() + 40]
+    for tag, attrs in page.tags:
+        for key in (
+            "src",
+            "href",
+            "xlink:href",
+            "action",
+            "srcset",
+            "poster",
+            "data",
+            "formaction",
+        ):
+            value = attrs.get(key)
+            assert value is None or value.startswith("#"), (tag, key, value)
+    assert "url(" not in text and "@import" not in text
+    assert "default-src 'none'" in text  # and the browser is told so
+    # text with a URL is still shown as written
+    assert "see https://wiki.example.org/page?a=1&b=<2>" in page.text("capture")
+    assert "http://x.example/" in page.text("sql")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections that could not run.
+
+
+def test_null_sections_say_why() -> None:
+    doc = load("pgbench")
+    for name in SECTIONS:
+        doc[name] = None
+    doc["meta"]["warnings"] = [
+        "lwlocks left out: /usr/sbin/postgres was built without --enable-dtrace",
+        "profile left out: perf_event_open refused (kernel.perf_event_paranoid = 3)",
+        "clog_reads left out: clog-reads is not available yet",
+        "pg_stat_activity sampling stopped: server closed the connection",
+    ]
+    doc["findings"] = []
+    text = render_html(doc, None)
+    page = Page(text)
+    assert page.errors == []
+    assert (
+        "unavailable: lwlocks left out: /usr/sbin/postgres was built without --enable-dtrace"
+        in (page.text("lwlocks"))
+    )
+    assert "unavailable: profile left out: perf_event_open refused" in page.text("flame")
+    assert "unavailable: profile left out: perf_event_open refused" in page.text("cpu")
+    assert "unavailable: clog_reads left out: clog-reads is not available yet" in page.text("slru")
+    assert "unavailable: pg_stat_activity sampling stopped" in page.text("waits")
+    assert "unavailable: no reason was recorded" in page.text("sql")
+    assert page.attrs("iframe") == []
+    findings = page.text("findings")
+    assert "No LWLock waits in this report" in findings
+    assert "Sections that could not run" in page.text("capture")
+
+
+def test_partial_stats() -> None:
+    """PostgreSQL 13 has no pg_stat_wal; pg_stat_statements absent; PG 17's checkpointer."""
+    doc = load("pgbench")
+    doc["meta"]["postgres_version_num"] = 130012
+    doc["stats"]["wal"] = None
+    doc["stats"]["statements"] = None
+    doc["stats"]["checkpointer"] = {"num_timed": 0, "num_requested": 2, "buffers_written": 10}
+    page = Page(render_html(doc, None))
+    sql = page.text("sql")
+    assert "unavailable: pg_stat_wal does not exist before PostgreSQL 14" in sql
+    assert "pg_stat_checkpointer" in sql and "num_requested" in sql
+    assert "unavailable: pg_stat_statements is not installed" in sql
+
+
+# ---------------------------------------------------------------------------------------------
+# In a browser.
+
+
+def _missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install selenium)"
+    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            return f"{path} not found (apt-get install {pkg})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    problem = _missing()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser test cannot run under CI: {problem}")
+        pytest.skip(problem)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common import selenium_manager
+
+    def no_manager(*args: object, **kwargs: object) -> None:
+        raise AssertionError("selenium-manager must not run (it would download a driver)")
+
+    profile_dir = tempfile.mkdtemp(prefix="pgprobe-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile_dir}",
+        "--window-size=1280,1000",
+        "--hide-scrollbars",
+    ):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(selenium_manager.SeleniumManager, "binary_paths", no_manager)
+        drv = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def report_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("report") / "triage.html"
+    path.write_text(render_html(load("slru"), None), encoding="utf-8")
+    return path.as_uri()
+
+
+def console_problems(drv: Any) -> list[str]:
+    return [e["message"] for e in drv.get_log("browser") if e.get("level") in ("SEVERE", "WARNING")]
+
+
+def open_report(drv: Any, url: str) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    drv.switch_to.default_content()
+    drv.get("about:blank")
+    drv.get(url)
+    WebDriverWait(drv, 10).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
+
+
+def into_flame(drv: Any) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    drv.switch_to.frame(drv.find_element("id", "flamegraph"))
+    WebDriverWait(drv, 10).until(
+        lambda d: (
+            d.execute_script("return document.documentElement.getAttribute('data-ready')") == "1"
+        )
+    )
+
+
+def frame_g(drv: Any, name: str) -> Any:
+    """The widest frame called `name`."""
+    best, width = None, -1.0
+    for g in drv.find_elements("css selector", "g.f"):
+        tip = g.find_element("tag name", "title").get_attribute("textContent")
+        if tip[: tip.rindex(" (")] == name and rect_width(g) > width:
+            best, width = g, rect_width(g)
+    assert best is not None, f"no frame {name!r}"
+    return best
+
+
+def rect_width(g: Any) -> float:
+    return float(g.find_element("tag name", "rect").get_attribute("width"))
+
+
+def test_browser_report_loads_cleanly(driver: Any, report_url: str) -> None:
+    open_report(driver, report_url)
+    assert console_problems(driver) == []
+    sections = driver.execute_script(
+        "return Array.from(document.querySelectorAll('main > section')).map(s => s.id)"
+    )
+    assert sections == REPORT_SECTIONS
+    first = driver.find_element("css selector", "article.finding")
+    assert "sev-high" in first.get_attribute("class").split()
+    assert first.value_of_css_property("border-left-color") == "rgba(198, 40, 40, 1)"
+    # nothing wider than the window
+    assert driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    # numbers right-aligned
+    cell = driver.find_element("css selector", "#lwlocks td.num")
+    assert cell.value_of_css_property("text-align") == "right"
+
+
+def test_browser_timeline_has_bars(driver: Any, report_url: str) -> None:
+    open_report(driver, report_url)
+    heights = driver.execute_script(
+        "return Array.from(document.querySelectorAll('svg.timeline rect.bar'))"
+        ".map(r => r.getBoundingClientRect().height)"
+    )
+    assert len(heights) >= 5 and all(h > 0 for h in heights)
+    legend = driver.execute_script(
+        "return Array.from(document.querySelectorAll('svg.timeline .legend-item text'))"
+        ".map(t => t.textContent)"
+    )
+    assert "CPU (no wait event)" in legend and "Lock" in legend
+    chart = driver.find_element("css selector", "svg.timeline")
+    assert chart.size["width"] > 900 and chart.size["height"] > 200
+
+
+def test_browser_flame_graph_renders_zooms_and_searches(driver: Any, report_url: str) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    open_report(driver, report_url)
+    iframe = driver.find_element("id", "flamegraph")
+    assert iframe.size["width"] > 1000 and iframe.size["height"] > 400
+    into_flame(driver)
+    widths = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#frames rect'))"
+        ".map(r => r.getBoundingClientRect().width)"
+    )
+    assert len(widths) > 100 and all(w > 0 for w in widths)
+    plotw = driver.execute_script("return P.plotw")
+    assert plotw == 1200 - 2 * XPAD
+    # hover names the frame in the status line
+    g = frame_g(driver, "base_yyparse")
+    ActionChains(driver).move_to_element(g.find_element("tag name", "rect")).perform()
+    status = driver.execute_script("return document.getElementById('status').textContent")
+    assert status.startswith("base_yyparse (")
+    # a click zooms into the frame: it fills the width, its view is in the frame's URL
+    before = rect_width(g)
+    assert before < plotw * 0.5
+    g.find_element("tag name", "rect").click()
+    assert rect_width(g) == pytest.approx(plotw, abs=0.01)
+    assert "#x=" in driver.execute_script("return location.href")
+    # search highlights and reports the matched share
+    pct = driver.execute_script("return search('yyparse|yylex')")
+    assert 0 < pct < 100
+    matched = driver.execute_script("return document.getElementById('matched').textContent")
+    assert matched.startswith("Matched: ")
+    driver.find_element("id", "unzoom").click()
+    assert rect_width(g) == pytest.approx(before, abs=0.01)
+    driver.switch_to.default_content()
+    # the report's own URL is untouched by the zoom
+    assert "#x=" not in driver.current_url
+    assert console_problems(driver) == []
+
+
+def test_browser_ctrl_f_is_the_browsers_outside_the_graph(driver: Any, report_url: str) -> None:
+    """The flame graph's Ctrl-F search prompt only answers inside its frame."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    open_report(driver, report_url)
+    driver.find_element("css selector", "h2").click()
+    ActionChains(driver).key_down(Keys.CONTROL).send_keys("f").key_up(Keys.CONTROL).perform()
+    with pytest.raises(TimeoutException):
+        WebDriverWait(driver, 1).until(ec.alert_is_present())
+
+
+def test_browser_screenshots(driver: Any, report_url: str) -> None:
+    """Screenshots for a person: the first screen, and the whole report."""
+    open_report(driver, report_url)
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "triage_report_top.png"))
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, min(int(height) + 20, 12000))
+    try:
+        driver.save_screenshot(str(ARTIFACTS / "triage_report.png"))
+        driver.execute_script("document.getElementById('waits').scrollIntoView()")
+    finally:
+        driver.set_window_size(1280, 1000)
+    driver.execute_script("document.getElementById('flame').scrollIntoView()")
+    into_flame(driver)
+    frame_g(driver, "PortalRun").find_element("tag name", "rect").click()
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(ARTIFACTS / "triage_report_flame_zoomed.png"))
+    assert (ARTIFACTS / "triage_report.png").stat().st_size > 50_000
+    assert console_problems(driver) == []
