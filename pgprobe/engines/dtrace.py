@@ -528,27 +528,9 @@ def parse_ustack_aggregation(text: str) -> dict[NamedStack, int]:
 
 
 # After SIGINT, how long dtrace may take to run END and print (naming thousands of
-# user stacks through libproc can take a while) before it is killed.
+# user stacks through libproc can take a while) before it is killed. It gets SIGINT
+# once: dtrace(1M) takes a second one as impatience and quits without END's output.
 STOP_KILL_S = 60.0
-
-
-class _DtraceProcess(TracerProcess):
-    """The shared tracer runner, but dtrace gets SIGINT once.
-
-    dtrace(1M) takes a second SIGINT as impatience: it stops consuming at once
-    and does not print its aggregations, so END's printa() output would be
-    lost. (bpftrace 0.17 needs the repeats; dtrace does not miss a signal.)
-    """
-
-    def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
-        if child.poll() is not None or waited <= STOP_KILL_S:
-            return
-        child.kill()
-        child.wait()
-        self.info.warnings.append(
-            f"dtrace did not stop within {STOP_KILL_S:.0f} s of SIGINT and was killed: "
-            "its aggregations are lost"
-        )
 
 
 class DtraceCapture:
@@ -568,12 +550,14 @@ class DtraceCapture:
         self.specs = {s.name: s for s in specs}
         self.on_tick = on_tick
         self.info = RunInfo(engine="dtrace", engine_version=dtrace_version(dtrace))
-        self.process = _DtraceProcess(
+        self.process = TracerProcess(
             "dtrace",
             [dtrace, "-q", "-s", str(self.script), *validate_args(args)],
             {**os.environ, **(env or {})},
             duration,
             self.info,
+            resend_sigint=False,
+            kill_after_s=STOP_KILL_S,
         )
 
     def request_stop(self) -> None:

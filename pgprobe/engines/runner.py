@@ -38,6 +38,8 @@ class TracerProcess:
         duration: float | None,
         info: RunInfo,
         benign_stderr: tuple[str, ...] = (),
+        resend_sigint: bool = True,
+        kill_after_s: float = STOP_KILL_S,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -45,6 +47,8 @@ class TracerProcess:
         self.duration = duration
         self.info = info
         self.benign_stderr = benign_stderr
+        self.resend_sigint = resend_sigint
+        self.kill_after_s = kill_after_s
         self.on_tick: TickCallback | None = None
         self.stderr: list[str] = []
         self.returncode: int | None = None
@@ -129,21 +133,22 @@ class TracerProcess:
             yield from feed(pending)
 
     def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
-        """Repeat SIGINT until the tracer exits, and kill it if it never does.
+        """Repeat SIGINT until the tracer exits (if asked), and kill it if it never does.
 
         bpftrace 0.17 only notices SIGINT when the signal interrupts its epoll_wait;
         one sent while it is busy elsewhere can be missed, so it is sent again.
+        DTrace must get one only: a second SIGINT makes it quit without its END output.
         """
         if child.poll() is not None:
             return
-        if waited > STOP_KILL_S:
+        if waited > self.kill_after_s:
             child.kill()
             child.wait()
             self.info.warnings.append(
-                f"{self.name} did not stop within {STOP_KILL_S:.0f} s of SIGINT and was "
+                f"{self.name} did not stop within {self.kill_after_s:.0f} s of SIGINT and was "
                 "killed: its maps are lost"
             )
-        elif waited > STOP_RESEND_S * (self._resends + 1):
+        elif self.resend_sigint and waited > STOP_RESEND_S * (self._resends + 1):
             self._resends += 1
             child.send_signal(signal.SIGINT)
 
