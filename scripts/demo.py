@@ -1,14 +1,34 @@
-"""The demo: a throwaway cluster, a pgbench load, and `pgprobe lwlocks` on it."""
+"""The demo: a throwaway cluster under a load with a known problem, and pgprobe on it.
+
+The problem: clog (pg_xact) buffer thrashing. The cluster has shared_buffers =
+128kB, so only 4 pg_xact buffers; after a few hundred thousand transactions,
+eight clients look up the status of random old transactions (as visibility
+checks of unhinted rows do), while eight more run pgbench's TPC-B-like load.
+`pgprobe lwlocks` shows the waits, `pgprobe triage` writes the report and its
+findings name the SLRU reads.
+"""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from pgprobe.sandbox import PgCluster
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(CHECKOUT / "tests"))
+
+import slru_workload  # noqa: E402  (the tests' proven SLRU workload)
+
+LOOKUP_SCRIPT = """\\set x random({first}, {last})
+SELECT pg_xact_status(:x::text::xid8);
+"""
 
 
 def show(argv: list[str]) -> int:
@@ -18,22 +38,43 @@ def show(argv: list[str]) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-d", "--duration", type=int, default=5, help="seconds to trace")
+    parser.add_argument("-d", "--duration", type=int, default=15, help="seconds of triage")
+    parser.add_argument("-o", "--output", default="pgprobe-demo-report.html", help="the report")
+    parser.add_argument("--sample", action="store_true", help="also copy it to samples/")
     args = parser.parse_args()
-    print("starting a throwaway PostgreSQL cluster...", flush=True)
-    with PgCluster(name="pgprobe-demo") as pg:
+    print("starting a throwaway PostgreSQL cluster (shared_buffers=128kB)...", flush=True)
+    settings = {**slru_workload.CLUSTER_SETTINGS, "max_connections": "100"}
+    with (
+        PgCluster(name="pgprobe-demo", settings=settings) as pg,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         init = pg.pgbench("-i", "-q", "-s", "2")
         init.communicate()
-        print(f"cluster at {pg.root} (port {pg.port}); load: pgbench -c 8 -j 2", flush=True)
-        bench = pg.pgbench("-c", "8", "-j", "2", "-T", str(args.duration * 3 + 30))
+        with pg.connect() as conn:
+            first, last = slru_workload.burn_xids(
+                pg.conninfo, slru_workload.xact_burn_size(conn) * 2
+            )
+        script = Path(tmp) / "clog_lookups.sql"
+        script.write_text(LOOKUP_SCRIPT.format(first=first, last=last))
+        print(f"cluster at {pg.root} (port {pg.port}); burned xids {first}..{last}")
+        print("load: pgbench -c 8 (TPC-B-like) + pgbench -c 8 looking up old xids", flush=True)
+        runtime = str(args.duration + 40)
+        loads = [
+            pg.pgbench("-c", "8", "-j", "1", "-T", runtime),
+            pg.pgbench("-n", "-c", "8", "-j", "1", "-T", runtime, "-f", str(script)),
+        ]
         try:
             time.sleep(2)
             pgprobe = [sys.executable, "-m", "pgprobe"]
-            rc = show([*pgprobe, "backends", *pg.conn_args])
-            rc = rc or show([*pgprobe, "lwlocks", *pg.conn_args, "-d", str(args.duration)])
+            rc = show([*pgprobe, "lwlocks", *pg.conn_args, "-d", "5"])
+            rc = rc or show([*pgprobe, "triage", *pg.conn_args, "-d", str(args.duration),
+                             "-o", args.output])  # fmt: skip
         finally:
-            bench.terminate()
-            bench.communicate()
+            for load in loads:
+                load.terminate()
+                load.communicate()
+    if rc == 0 and args.sample:
+        shutil.copy(args.output, CHECKOUT / "samples" / "triage_example.html")
     print("\ncluster stopped and removed.")
     return rc
 

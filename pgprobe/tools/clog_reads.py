@@ -45,6 +45,7 @@ from typing import Any
 from pgprobe import discover, histogram
 from pgprobe.discover import Backend, Targets
 from pgprobe.engines.base import (
+    Capture,
     KeyKind,
     Line,
     Log2Hist,
@@ -886,6 +887,20 @@ def print_open_errors(errors: Sequence[OpenError]) -> None:
     )
 
 
+def start(
+    ns: argparse.Namespace, targets: Targets, slrus: Sequence[str], mode: int, interval: int | None
+) -> Capture:
+    """clog_reads for the targets and SLRUs, ready to run (iterate its events)."""
+    env = {
+        "BPFTRACE_STRLEN": "40",  # the longest SLRU path as opened is 36 characters
+        "BPFTRACE_MAP_KEYS_MAX": str(65536 if mode == MODE_STACKS else 16384),
+    }
+    if mode == MODE_STACKS:
+        env["BPFTRACE_NO_USER_SYMBOLS"] = "1"
+    args = script_args(targets, slru_mask(slrus), mode, interval)
+    return common.capture(ns, SCRIPT, args, MAPS, env=env)
+
+
 def run(ns: argparse.Namespace) -> int:
     if ns.interval and ns.interval > ns.duration:
         raise PgprobeError(
@@ -903,16 +918,8 @@ def run(ns: argparse.Namespace) -> int:
         print(f"pgprobe: warning: {stats.unavailable}", file=sys.stderr)
     session = Session(ns, targets, slrus, stats, StackNamer.start(targets) if ns.stacks else None)
     mode = MODE_TRACE if ns.trace else MODE_STACKS if ns.stacks else MODE_AGGREGATE
-    env = {
-        "BPFTRACE_STRLEN": "40",
-        "BPFTRACE_MAP_KEYS_MAX": str(65536 if ns.stacks else 16384),
-    }
-    if ns.stacks:
-        env["BPFTRACE_NO_USER_SYMBOLS"] = "1"
     try:
-        capture = common.capture(
-            ns, SCRIPT, script_args(targets, slru_mask(slrus), mode, ns.interval), MAPS, env=env
-        )
+        capture = start(ns, targets, slrus, mode, ns.interval)
         final = _run_capture(session, capture)
         if final is None:
             raise PgprobeError("the tracer ended without printing its maps", EXIT_TRACER)
