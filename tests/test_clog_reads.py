@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -46,10 +47,11 @@ from slru_workload import (
     xact_burn_size,
 )
 
+from pgprobe import discover
+from pgprobe.engines.base import Log2Hist, Snapshot, Stats
 from pgprobe.errors import EXIT_USAGE
 from pgprobe.sandbox import PgCluster, pg_bindir
-
-pytestmark = pytest.mark.integration
+from pgprobe.tools import clog_reads
 
 APPLICATION = "slru-workload"
 HEX_FRAME = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")
@@ -133,18 +135,24 @@ def _perf_event_fds(pid: int) -> int:
 
 
 def start(workload: Workload, *args: str) -> subprocess.Popen[str]:
-    """pgprobe clog-reads in the background, attached when this returns.
+    """pgprobe clog-reads in the background (-d 60, ended by stop()), attached when this returns."""
+    argv = [sys.executable, "-m", "pgprobe", "clog-reads", *workload.cluster.conn_args,
+            "-d", "60", *args]  # fmt: skip
+    probe = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT
+    )
+    wait_attached(probe)
+    return probe
+
+
+def wait_attached(probe: subprocess.Popen[str]) -> None:
+    """Until pgprobe's bpftrace has attached every probe.
 
     bpftrace 0.17 opens one output-buffer perf event per CPU at start, then one
     per tracepoint (and one for interval:s:1) as it attaches: attached is when
     that count has grown and stopped growing. pgprobe reads pg_stat_slru's
     "before" 0.1 s after bpftrace says it attaches, so a little more is waited.
     """
-    argv = [sys.executable, "-m", "pgprobe", "clog-reads", *workload.cluster.conn_args,
-            "-d", "60", *args]  # fmt: skip
-    probe = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT
-    )
     cpus = os.cpu_count() or 1
     deadline = time.monotonic() + 60
     seen, stable_since = 0, time.monotonic()
@@ -157,7 +165,7 @@ def start(workload: Workload, *args: str) -> subprocess.Popen[str]:
             seen, stable_since = count, time.monotonic()
         elif count > cpus + 10 and time.monotonic() - stable_since > 0.3:
             time.sleep(0.3)
-            return probe
+            return
         time.sleep(0.02)
     probe.kill()
     pytest.fail(f"bpftrace did not attach within 60 s: {probe.communicate()[1]}")
@@ -185,6 +193,7 @@ def reads_by_slru(rows: list[dict[str, Any]], pid: int) -> dict[str, tuple[int, 
 # -- tests -----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_reads_equal_pg_stat_slru_for_pg_xact_and_pg_subtrans(workload: Workload) -> None:
     probe = start(workload, "--slru", "pg_xact,pg_subtrans", "--json")
     delta = workload.run()
@@ -220,6 +229,7 @@ def test_reads_equal_pg_stat_slru_for_pg_xact_and_pg_subtrans(workload: Workload
     assert meta["interrupted"] is True
 
 
+@pytest.mark.integration
 def test_table_per_backend_and_totals_beside_pg_stat_slru(workload: Workload) -> None:
     probe = start(workload, "--pid", str(workload.pid), "--slru", "pg_xact", "--slru", "subtrans")
     delta = workload.run()
@@ -246,6 +256,7 @@ def test_table_per_backend_and_totals_beside_pg_stat_slru(workload: Workload) ->
     assert by_slru["pg_xact"][-1] == "0.00%"  # every pg_xact lookup missed
 
 
+@pytest.mark.integration
 def test_stacks_name_the_clog_code_path(workload: Workload) -> None:
     probe = start(workload, "--pid", str(workload.pid), "--stacks", "--json")
     delta = workload.run(subtrans=False)
@@ -267,6 +278,7 @@ def test_stacks_name_the_clog_code_path(workload: Workload) -> None:
     assert "      TransactionIdGetStatus" in out and "      SimpleLruReadPage" in out
 
 
+@pytest.mark.integration
 def test_trace_prints_one_line_per_read(workload: Workload) -> None:
     probe = start(workload, "--trace", "--slru", "all", "--pid", str(workload.pid))
     delta = workload.run()
@@ -288,6 +300,7 @@ def test_trace_prints_one_line_per_read(workload: Workload) -> None:
     assert summary == {"pg_xact": f"{xact:,}", "pg_subtrans": f"{subtrans:,}"}
 
 
+@pytest.mark.integration
 def test_trace_json_lines_then_the_document(workload: Workload) -> None:
     probe = start(workload, "--trace", "--json", "--pid", str(workload.pid))
     delta = workload.run(subtrans=False)
@@ -297,6 +310,37 @@ def test_trace_json_lines_then_the_document(workload: Workload) -> None:
     assert all(d["event"] == "read" and d["slru"] == "pg_xact" for d in reads)
     assert len(reads) == delta[XACT][1] == summary["rows"][0]["reads"]
     assert summary["tool"] == "clog-reads" and summary["meta"]["mode"] == "trace"
+
+
+@pytest.mark.integration
+def test_interval_summaries_each_with_their_pg_stat_slru_delta(workload: Workload) -> None:
+    argv = ["clog-reads", *workload.cluster.conn_args, "-d", "3", "--interval", "1", "--json"]
+    done = run_pgprobe(argv)
+    assert done.returncode == 0, done.stderr
+    docs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert 3 <= len(docs) <= 5 and docs[-1]["meta"]["final"] is True
+    for doc in docs:
+        assert doc["meta"]["interval"] == 1
+        assert doc["meta"]["slru_stats"]["pg_xact"]["name"] == XACT
+        assert 0 < doc["meta"]["slru_stats_window_s"] < 3
+
+
+@pytest.mark.integration
+def test_without_a_connection_the_cross_check_is_unavailable(workload: Workload) -> None:
+    """--pid from /proc (nothing listens there): a warning, and the reads are still counted."""
+    argv = ["-h", "/nonexistent", "-p", "1", "--pid", str(workload.pid), "--json"]
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "pgprobe", "clog-reads", *argv, "-d", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+    )  # fmt: skip
+    wait_attached(probe)
+    delta = workload.run(subtrans=False)
+    out, err = stop(probe)
+    assert "pg_stat_slru cross-check is unavailable" in err
+    doc = json.loads(out)
+    assert doc["meta"]["slru_stats"] is None
+    assert "no connection" in doc["meta"]["slru_stats_unavailable"]
+    assert [r["reads"] for r in doc["rows"]] == [delta[XACT][1]]
 
 
 @pytest.mark.parametrize(
@@ -314,3 +358,141 @@ def test_bad_options_are_one_line(args: list[str], needle: str) -> None:
     assert done.returncode == EXIT_USAGE, done.stderr
     assert len(lines) == 1 and needle in lines[0], done.stderr
     assert done.stdout == ""
+
+
+def test_stacks_and_trace_together_are_refused() -> None:
+    done = run_pgprobe(["clog-reads", "--stacks", "--trace"])
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.strip() == "pgprobe: --stacks and --trace cannot be combined: choose one"
+
+
+# -- through the DTrace engine (a stand-in dtrace replaying a fixture) ----------------------
+
+DTRACE_FIXTURES = CHECKOUT / "tests" / "fixtures" / "dtrace"
+
+
+def fake_dtrace_env(tmp_path: Path, output: str) -> dict[str, str]:
+    """PATH with a `dtrace` that replays tests/fixtures/dtrace/<output> (see fake_dtrace.py)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "dtrace"
+    exe.write_text(f"#!{sys.executable}\n" + (DTRACE_FIXTURES / "fake_dtrace.py").read_text())
+    exe.chmod(0o755)
+    return {
+        "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "PGPROBE_DTRACE": "",
+        "FAKE_DTRACE_OUTPUT": str(DTRACE_FIXTURES / output),
+        "FAKE_DTRACE_ARGV": str(tmp_path / "argv.json"),
+    }
+
+
+@pytest.mark.integration
+def test_stacks_named_by_dtrace(workload: Workload, tmp_path: Path) -> None:
+    env = fake_dtrace_env(tmp_path, "clog_reads_stacks.out")
+    argv = ["clog-reads", *workload.cluster.conn_args, "--engine", "dtrace", "-d", "1",
+            "--stacks", "--slru", "pg_xact,pg_subtrans", "--json"]  # fmt: skip
+    done = run_pgprobe(argv, env=env)
+    assert done.returncode == 0, done.stderr
+    # dtrace -q -s d/clog_reads.d POSTMASTER SLRU_MASK MODE ONLY_PID INTERVAL
+    recorded = json.loads((tmp_path / "argv.json").read_text())
+    assert recorded[-5:] == [str(workload.cluster.postmaster_pid), "5", "1", "0", "0"]
+    doc = json.loads(done.stdout)
+    got = {(r["pid"], r["file"]): r["reads"] for r in doc["rows"]}
+    assert got == {(28544, "pg_xact/0001"): 48, (28544, "pg_xact/0002"): 31,
+                   (28544, "pg_subtrans/0005"): 12, (28551, "pg_xact/0002"): 7}  # fmt: skip
+    stacks = doc["meta"]["stacks"]
+    assert [s["reads"] for s in stacks] == [52, 27, 12, 7]
+    assert stacks[0]["frames"][:6] == [
+        "libc.so.1`__pread", "SlruPhysicalReadPage", "SimpleLruReadPage",
+        "SimpleLruReadPage_ReadOnly", "TransactionIdGetStatus", "TransactionLogFetch",
+    ]  # fmt: skip
+    assert "SubTransGetTopmostTransaction" in stacks[2]["frames"]
+    assert set(stacks[3]["frames"]) == {"[unknown]"}  # the process had gone: hex only
+
+
+@pytest.mark.integration
+def test_trace_through_dtrace(workload: Workload, tmp_path: Path) -> None:
+    env = fake_dtrace_env(tmp_path, "clog_reads_trace.out")
+    argv = ["clog-reads", *workload.cluster.conn_args, "--engine", "dtrace", "-d", "1", "--trace"]
+    done = run_pgprobe(argv, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:3] == ["TIME", "PID", "FILE"]
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("SLRU reads of"))
+    assert len([ln for ln in lines[1:end] if ln.strip()]) == 6
+    assert lines[end + 2].startswith("28544 ") and re.search(
+        r" pg_xact +6 +49,152 ", lines[end + 2]
+    )
+
+
+# -- pieces, without a cluster ---------------------------------------------------------------
+
+
+def test_slru_names_and_masks() -> None:
+    value = clog_reads.slru_value
+    assert value("pg_xact, pg_subtrans/") == ("pg_xact", "pg_subtrans")
+    assert value("Subtrans,multixact_member") == ("pg_subtrans", "pg_multixact/members")
+    assert value("pg_multixact") == ("pg_multixact/offsets", "pg_multixact/members")
+    chosen = clog_reads.selected_slrus
+    assert chosen([], 15) == ["pg_xact"]
+    assert chosen([], 9) == ["pg_clog"]  # 9.6 and older
+    assert chosen([("pg_clog",)], 15) == ["pg_xact"] and chosen([("pg_xact",)], 9) == ["pg_clog"]
+    assert len(chosen([("all",)], 15)) == 7 and "pg_clog" not in chosen([("all",)], 15)
+    assert clog_reads.slru_mask(chosen([("all",)], 15)) == 255 - 2
+    assert clog_reads.slru_mask(chosen([("pg_xact", "pg_subtrans")], 15)) == 5
+    assert clog_reads.slru_of("pg_multixact/offsets/0000") == "pg_multixact/offsets"
+    # pg_stat_slru's names of 13-16 and of 17+ map to the same directories
+    for old, new in (("Xact", "transaction"), ("Subtrans", "subtransaction"),
+                     ("MultiXactOffset", "multixact_offset"),
+                     ("MultiXactMember", "multixact_member"), ("CommitTs", "commit_timestamp"),
+                     ("Serial", "serializable"), ("Notify", "notify")):  # fmt: skip
+        assert clog_reads.STAT_NAMES[old] == clog_reads.STAT_NAMES[new] in clog_reads.SLRU_BITS
+
+
+def test_cross_check_unavailable_before_13() -> None:
+    cluster = discover.Cluster(postmaster_pid=1, binary="/x", version_num=120017,
+                               version="12.17", data_directory=None,
+                               conninfo="host=/x")  # fmt: skip
+    stats = clog_reads.SlruStats.open(cluster)
+    assert stats.conn is None and stats.delta() is None
+    assert stats.unavailable == (
+        "PostgreSQL 12.17 has no pg_stat_slru (13 and later): the cross-check is "
+        "unavailable; tracing anyway"
+    )
+
+
+def test_rows_from_a_snapshot() -> None:
+    key1, key2 = (7, "pg_xact/0001"), (7, "pg_xact/0002")
+    snap = Snapshot(maps={
+        "read_stats": {key1: Stats(3, 3000), key2: Stats(1, 5000)},
+        "read_bytes": {key1: 3 * 8192, key2: 8192},
+        "read_max_ns": {key1: 1500, key2: 5000},
+        "read_ns": {key1: Log2Hist(((512, 1023, 2), (1024, 2047, 1))),
+                    key2: Log2Hist(((4096, 8191, 1),))},
+        "open_errors": {(8, "pg_subtrans/0009"): 2},
+    })  # fmt: skip
+    recs = clog_reads.records(snap)
+    per_pid = clog_reads.group_rows(recs, "pid")
+    assert len(per_pid) == 1
+    row = per_pid[0]
+    assert (row.slru, row.files, row.reads, row.bytes, row.max_ns) == (
+        "pg_xact", ("pg_xact/0001", "pg_xact/0002"), 4, 4 * 8192, 5000)  # fmt: skip
+    assert row.avg_us == 2.0 and row.percentile_us(0.99) <= 5.0
+    per_file = clog_reads.group_rows(recs, "file")
+    assert [r.as_json()["file"] for r in per_file] == ["pg_xact/0001", "pg_xact/0002"]
+    errors = clog_reads.open_errors(snap, lambda pid: True)
+    assert [e.as_json() for e in errors] == [
+        {"pid": 8, "slru": "pg_subtrans", "file": "pg_subtrans/0009", "count": 2}
+    ]
+    assert clog_reads.files_cell([f"pg_subtrans/{i:04X}" for i in range(6)]) == (
+        "0000 0001 0002 0003 +2"
+    )
+
+
+def test_trace_lines() -> None:
+    read = clog_reads.parse_trace_line("1592707897038\t25433\tpg_xact/0005\t106496\t8192\t2940")
+    assert read == clog_reads.TraceRead(1592707897038, 25433, "pg_xact/0005", 106496, 8192, 2940)
+    assert clog_reads.parse_trace_line("TIME_NS\tPID\tFILE\tOFFSET\tBYTES\tLAT_NS") is None
+    assert read.as_json(0)["lat_us"] == 2.94 and read.as_json(0)["slru"] == "pg_xact"
+    fields = read.text(0).split()
+    assert fields[1:] == ["25433", "pg_xact/0005", "106496", "8192", "2.9"]
