@@ -26,10 +26,6 @@ sys.path.insert(0, str(CHECKOUT / "tests"))
 
 import slru_workload  # noqa: E402  (the tests' proven SLRU workload)
 
-LOOKUP_SCRIPT = """\\set x random({first}, {last})
-SELECT pg_xact_status(:x::text::xid8);
-"""
-
 
 def show(argv: list[str]) -> int:
     print(f"\n$ {shlex.join(['pgprobe', *argv[3:]])}", flush=True)
@@ -55,7 +51,7 @@ def main() -> int:
                 pg.conninfo, slru_workload.xact_burn_size(conn) * 2
             )
         script = Path(tmp) / "clog_lookups.sql"
-        script.write_text(LOOKUP_SCRIPT.format(first=first, last=last))
+        script.write_text(slru_workload.xact_lookup_pgbench_script(first, last))
         print(f"cluster at {pg.root} (port {pg.port}); burned xids {first}..{last}")
         print("load: pgbench -c 8 (TPC-B-like) + pgbench -c 8 looking up old xids", flush=True)
         runtime = str(args.duration + 40)

@@ -379,3 +379,12 @@ def slru_delta(
         name: (hit - before.get(name, (0, 0))[0], read - before.get(name, (0, 0))[1])
         for name, (hit, read) in after.items()
     }
+
+
+def xact_lookup_pgbench_script(first: int, last: int) -> str:
+    """A pgbench script that looks up the status of random xids in first..last.
+
+    With more pg_xact pages in the range than buffers, most look-ups miss: a
+    steady pg_xact thrashing load for many clients (the demo and the triage test).
+    """
+    return f"\\set x random({first}, {last})\nSELECT pg_xact_status(:x::text::xid8);\n"
