@@ -23,7 +23,7 @@ from pgprobe.render.flamegraph import XPAD, parse_folded, render_svg
 CHROMIUM = os.environ.get("PGPROBE_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("PGPROBE_CHROMEDRIVER", "/usr/bin/chromedriver")
 ARTIFACTS = Path(__file__).parent / "artifacts"
-SAMPLE = Path(__file__).parent.parent / "samples" / "flamegraph_example.svg"
+SAMPLE = Path(__file__).parent.parent / "samples" / "flamegraph_pgbench.svg"
 WIDTH = 1200
 PLOTW = WIDTH - 2 * XPAD
 
@@ -282,7 +282,7 @@ def test_ctrl_f_prompts_for_a_regex(driver: Any, svg_url: str) -> None:
 
 
 def test_sample_looks_like_a_flame_graph(driver: Any) -> None:
-    """Screenshot of samples/flamegraph_example.svg, for a person to look at."""
+    """Screenshot of samples/flamegraph_pgbench.svg (a real capture), for a person to look at."""
     if not SAMPLE.exists():
         pytest.skip(f"{SAMPLE} not rendered yet")
     load(driver, SAMPLE.resolve().as_uri())
@@ -291,6 +291,6 @@ def test_sample_looks_like_a_flame_graph(driver: Any) -> None:
     height = driver.execute_script("return document.documentElement.height.baseVal.value")
     driver.set_window_size(1240, int(height) + 140)  # the whole picture, legend included
     ARTIFACTS.mkdir(exist_ok=True)
-    driver.save_screenshot(str(ARTIFACTS / "flamegraph_example.png"))
+    driver.save_screenshot(str(ARTIFACTS / "flamegraph_pgbench.png"))
     driver.set_window_size(1240, 900)
     assert severe_logs(driver) == []
