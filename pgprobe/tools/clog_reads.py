@@ -704,6 +704,8 @@ class Session:
         if self.ns.json:
             common.print_json(NAME, meta, [r.as_json() for r in per_file])
         else:
+            if self.header_printed:
+                print()  # after the trace lines
             self.print_tables(meta, recs, slru_delta)
             if stacks is not None:
                 print_stacks(stacks, meta["reads"])
