@@ -257,7 +257,7 @@ def test_table_per_backend_and_totals_beside_pg_stat_slru(workload: Workload) ->
 
 
 @pytest.mark.integration
-def test_stacks_name_the_clog_code_path(workload: Workload) -> None:
+def test_stacks_name_the_clog_code_path(workload: Workload, tmp_path: Path) -> None:
     probe = start(workload, "--pid", str(workload.pid), "--stacks", "--json")
     delta = workload.run(subtrans=False)
     out, err = stop(probe)
@@ -270,12 +270,16 @@ def test_stacks_name_the_clog_code_path(workload: Workload) -> None:
     assert {"TransactionIdGetStatus", "SimpleLruReadPage"} <= frames, top["frames"]
     assert "pg_xact_status" in frames
     assert not any(HEX_FRAME.match(f) for f in top["frames"]), top["frames"]
-    # The table shows them too, by name.
-    probe = start(workload, "--pid", str(workload.pid), "--stacks")
-    workload.run(subtrans=False)
+    # The table shows them too, by name, and --folded writes them for a flame graph.
+    folded = tmp_path / "reads.folded"
+    probe = start(workload, "--pid", str(workload.pid), "--folded", str(folded))
+    delta = workload.run(subtrans=False)
     out, _ = stop(probe)
     assert "Top reading code paths" in out
     assert "      TransactionIdGetStatus" in out and "      SimpleLruReadPage" in out
+    stacks = dict(line.rsplit(" ", 1) for line in folded.read_text().splitlines())
+    assert sum(int(n) for n in stacks.values()) == delta[XACT][1]
+    assert any(";TransactionIdGetStatus;SimpleLruReadPage;" in stack for stack in stacks)
 
 
 @pytest.mark.integration

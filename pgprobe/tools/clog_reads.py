@@ -551,6 +551,7 @@ class StackNamer:
 
     def rows(self, snapshot: Snapshot, keep: Any) -> list[StackRow]:
         module = os.path.basename(self.targets.cluster.binary)
+        self.unnamed_reads = 0
         merged: dict[tuple[str, ...], StackRow] = {}
         for (pid, stack), value in snapshot.get("read_stacks").items():
             assert isinstance(pid, int) and isinstance(value, int)
@@ -639,6 +640,8 @@ class Session:
     namer: StackNamer | None
     mono_to_wall_ns: int = field(default_factory=lambda: time.time_ns() - time.monotonic_ns())
     header_printed: bool = False
+    warned_unavailable: str | None = None  # said on stderr at the start
+    folded: dict[str, int] = field(default_factory=dict)  # every snapshot's stacks, for --folded
 
     def keep(self, pid: int) -> bool:
         """Reads of the targets; never those of pgprobe's own session."""
@@ -681,8 +684,11 @@ class Session:
         per_file = group_rows(recs, "file", self.describe)
         errors = open_errors(snapshot, self.keep)
         stacks = self.namer.rows(snapshot, self.keep) if self.namer is not None else None
-        if stacks is not None and self.ns.folded and snapshot.final:
-            write_folded(self.ns.folded, {r.as_json()["folded"]: r.reads for r in stacks})
+        for row in stacks or ():
+            key = fold(row.frames)
+            self.folded[key] = self.folded.get(key, 0) + row.reads
+        if self.ns.folded and snapshot.final:
+            write_folded(self.ns.folded, self.folded)
         meta = common.meta(
             self.targets,
             info,
@@ -712,6 +718,8 @@ class Session:
         print_open_errors(errors)
         if snapshot.final:
             common.print_losses(info)
+            if self.stats.unavailable and self.stats.unavailable != self.warned_unavailable:
+                print(f"pgprobe: warning: {self.stats.unavailable}", file=sys.stderr)
             if stacks is not None and self.namer is not None:
                 for line in self.namer.symbolizer.stats.warnings():
                     print(f"pgprobe: warning: {line}", file=sys.stderr)
@@ -919,6 +927,7 @@ def run(ns: argparse.Namespace) -> int:
     if stats.unavailable:
         print(f"pgprobe: warning: {stats.unavailable}", file=sys.stderr)
     session = Session(ns, targets, slrus, stats, StackNamer.start(targets) if ns.stacks else None)
+    session.warned_unavailable = stats.unavailable
     mode = MODE_TRACE if ns.trace else MODE_STACKS if ns.stacks else MODE_AGGREGATE
     try:
         capture = start(ns, targets, slrus, mode, ns.interval)
