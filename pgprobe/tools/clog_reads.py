@@ -739,10 +739,15 @@ class Session:
         table.render(title, PID_COLUMNS, [pid_cells(r) for r in per_pid], empty=empty)
         totals = group_rows(recs, "slru")
         rows = totals_cells(totals, slru_delta, self.slrus)
-        if not rows:
+        if not rows and slru_delta is None:
             return
         print()
-        table.render(totals_title(self.targets, slru_delta, self.stats), TOTAL_COLUMNS, rows)
+        table.render(
+            totals_title(self.targets, slru_delta, self.stats),
+            TOTAL_COLUMNS,
+            rows,
+            empty="no lookups of any SLRU in pg_stat_slru either",
+        )
         note = agreement_note(totals, slru_delta, self.targets)
         if note:
             print(note)
@@ -806,13 +811,11 @@ def pid_cells(row: ReadRow) -> dict[str, str]:
 def totals_cells(
     totals: Sequence[ReadRow], slru_delta: dict[str, dict[str, Any]] | None, slrus: Sequence[str]
 ) -> list[dict[str, str]]:
-    """One row per traced SLRU, and per untraced SLRU whose pg_stat_slru counters moved."""
+    """One row per SLRU that was read or whose pg_stat_slru counters moved, traced first."""
     by_slru = {r.slru: r for r in totals}
-    names = [s for s in slrus if s in by_slru or (slru_delta and s in slru_delta)]
-    names += [s for s in by_slru if s not in names]
-    for slru, moved in (slru_delta or {}).items():
-        if slru not in names and (moved["blks_hit"] or moved["blks_read"]):
-            names.append(slru)
+    moved = [slru for slru, d in (slru_delta or {}).items() if d["blks_hit"] or d["blks_read"]]
+    names = [s for s in slrus if s in by_slru or s in moved]
+    names += [s for s in [*by_slru, *moved] if s not in names]
     rows = []
     for slru in names:
         traced = slru in slrus or slru in by_slru
