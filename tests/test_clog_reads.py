@@ -500,3 +500,27 @@ def test_trace_lines() -> None:
     assert read.as_json(0)["lat_us"] == 2.94 and read.as_json(0)["slru"] == "pg_xact"
     fields = read.text(0).split()
     assert fields[1:] == ["25433", "pg_xact/0005", "106496", "8192", "2.9"]
+
+
+def test_totals_beside_pg_stat_slru_and_the_note_when_they_differ() -> None:
+    key = (7, "pg_xact/0001")
+    snap = Snapshot(maps={"read_stats": {key: Stats(24, 24000)}, "read_bytes": {key: 24 * 8192},
+                          "read_max_ns": {key: 3000}})  # fmt: skip
+    totals = clog_reads.group_rows(clog_reads.records(snap), "slru")
+    zero = dict.fromkeys(clog_reads.STAT_COLUMNS, 0)
+    delta = {
+        "pg_xact": {**zero, "name": "Xact", "blks_read": 20, "hit_ratio_pct": 0.0},
+        "pg_subtrans": {**zero, "name": "Subtrans", "blks_hit": 5, "hit_ratio_pct": 100.0},
+        "pg_notify": {**zero, "name": "Notify", "hit_ratio_pct": None},
+    }
+    cells = clog_reads.totals_cells(totals, delta, ["pg_xact"])
+    assert [(c["slru"], c.get("reads"), c["blks_read"], c["hit_pct"]) for c in cells] == [
+        ("pg_xact", "24", "20", "0.00%"),
+        ("pg_subtrans (not traced)", None, "0", "100.00%"),
+    ]
+    cluster = discover.Cluster(postmaster_pid=1, binary="/x", version_num=150018,
+                               version="15.18", data_directory=None)  # fmt: skip
+    whole = discover.Targets(cluster, [], whole_cluster=True)
+    note = clog_reads.agreement_note(totals, delta, whole)
+    assert note.startswith("Traced reads and blks_read differ (pg_xact 24 vs 20): ")
+    assert clog_reads.agreement_note(totals, delta, discover.Targets(cluster, [7], False)) == ""

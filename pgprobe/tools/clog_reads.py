@@ -861,9 +861,9 @@ def agreement_note(
     if not differ:
         return ""
     return (
-        "Traced reads and blks_read differ (" + "; ".join(differ) + "): backends flush their "
-        "pg_stat_slru counters only when idle, so reads of a busy backend or just before the "
-        "window shift between windows (see docs/clog-reads.md)"
+        "Traced reads and blks_read differ (" + "; ".join(differ) + "): backends publish "
+        "their pg_stat_slru counts when idle, at most once a second and sometimes 10 s later, "
+        "so reads near the window's edges are counted in another window (docs/clog-reads.md)"
     )
 
 
