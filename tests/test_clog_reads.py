@@ -167,8 +167,17 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
             time.sleep(0.3)
             return
         time.sleep(0.02)
-    probe.kill()
-    pytest.fail(f"bpftrace did not attach within 60 s: {probe.communicate()[1]}")
+    # SIGINT, not SIGKILL: pgprobe stops its bpftrace (which runs in a session of its own).
+    probe.send_signal(signal.SIGINT)
+    try:
+        err = probe.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        child = _bpftrace_child(probe.pid)
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+        probe.kill()
+        err = probe.communicate()[1]
+    pytest.fail(f"bpftrace did not attach within 60 s: {err}")
 
 
 def stop(probe: subprocess.Popen[str]) -> tuple[str, str]:
