@@ -39,6 +39,7 @@ SLRU_DIRS = {
     "CommitTs": "pg_commit_ts", "commit_timestamp": "pg_commit_ts",
     "Serial": "pg_serial", "serializable": "pg_serial",
     "Notify": "pg_notify", "notify": "pg_notify",
+    "other": "other",
 }  # fmt: skip
 
 

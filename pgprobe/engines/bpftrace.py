@@ -33,7 +33,7 @@ from pgprobe.engines.base import (
     TickCallback,
 )
 from pgprobe.engines.runner import TracerProcess
-from pgprobe.errors import EXIT_ENV, EXIT_TRACER, EXIT_USAGE, PgprobeError
+from pgprobe.errors import EXIT_ENV, EXIT_INTERRUPTED, EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.scripts import script_path
 from pgprobe.stacks import parse_bpftrace_stack
 
@@ -160,6 +160,8 @@ class BpftraceCapture:
             self.info.warnings.extend(problems)
             return
         if not self.info.probes_attached:
+            if self.info.interrupted:
+                raise PgprobeError("interrupted before the probes were attached", EXIT_INTERRUPTED)
             raise PgprobeError(f"bpftrace failed: {explain(problems)}", EXIT_TRACER)
         self.info.warnings.append(f"bpftrace exited with status {returncode}")
         self.info.warnings.extend(problems)

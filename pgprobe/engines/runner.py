@@ -9,10 +9,12 @@ that it prints its aggregations, which are still parsed and reported.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import selectors
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -68,6 +70,7 @@ class TracerProcess:
             stdin=subprocess.DEVNULL,
             env=self.env,
             start_new_session=True,  # our signal handler decides when the tracer stops
+            preexec_fn=_stop_with_parent,
         )
         assert child.stdout is not None and child.stderr is not None
         reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
@@ -157,6 +160,22 @@ class TracerProcess:
             line = raw.decode(errors="replace").rstrip()
             if line and not any(b in line for b in self.benign_stderr):
                 self.stderr.append(line)
+
+
+# prctl is looked up here, in the parent: the child, between fork and exec, must not
+# import or take locks (another thread of ours may have held them at the fork).
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:
+    """In the tracer's child process: SIGTERM it if pgprobe dies (even by SIGKILL).
+
+    The tracer runs in its own session, so nothing else would stop it, and its
+    probes would stay attached to the server. Linux only (prctl PR_SET_PDEATHSIG).
+    """
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class _StopSignals:

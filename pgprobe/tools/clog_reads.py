@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgprobe import discover, histogram
+from pgprobe import discover, histogram, pgstats
 from pgprobe.discover import Backend, Targets
 from pgprobe.engines.base import (
     Capture,
@@ -78,23 +78,7 @@ SLRU_BITS = {
 }
 ALL_MASK = 255
 # pg_stat_slru's names (13-16, and 17+) -> the directory of that SLRU.
-STAT_NAMES = {
-    "Xact": "pg_xact",
-    "transaction": "pg_xact",
-    "Subtrans": "pg_subtrans",
-    "subtransaction": "pg_subtrans",
-    "MultiXactOffset": "pg_multixact/offsets",
-    "multixact_offset": "pg_multixact/offsets",
-    "MultiXactMember": "pg_multixact/members",
-    "multixact_member": "pg_multixact/members",
-    "CommitTs": "pg_commit_ts",
-    "commit_timestamp": "pg_commit_ts",
-    "Serial": "pg_serial",
-    "serializable": "pg_serial",
-    "Notify": "pg_notify",
-    "notify": "pg_notify",
-    "other": "other",
-}
+STAT_NAMES = pgstats.SLRU_DIRS
 # What --slru accepts besides the directories: 'all', 'pg_multixact' (both of
 # its SLRUs), and pg_stat_slru's names, case-insensitively.
 _ALIASES: dict[str, tuple[str, ...]] = {
