@@ -120,6 +120,26 @@ def main() -> int:
     if args.wait_quiet > 0:
         loadavg_before = common.loadavg()
     started = time.time()
+    tmp = tempfile.TemporaryDirectory(prefix="pgprobe-bench-")
+    workdir = Path(tmp.name)
+    os.chmod(workdir, 0o755)
+    (workdir / "src").mkdir()
+    source = common.snapshot_source(workdir / "src")
+    common.log(f"running {source}, copied to {workdir / 'src'}")
+    try:
+        return _run(args, loadavg_before, quiet, started, workdir, source)
+    finally:
+        tmp.cleanup()
+
+
+def _run(
+    args: argparse.Namespace,
+    loadavg_before: tuple[float, float, float],
+    quiet: str,
+    started: float,
+    workdir: Path,
+    source: str,
+) -> int:
     configs, notes = overhead.choose_configs(with_perf=not args.no_perf)
     if args.tools:
         wanted = set(args.tools.split(","))
@@ -129,56 +149,55 @@ def main() -> int:
     for note in notes:
         common.log(f"note: {note}")
     settings = {"max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'"}
-    with tempfile.TemporaryDirectory(prefix="pgprobe-bench-") as tmp:
-        workdir = Path(tmp)
-        os.chmod(workdir, 0o755)
-        cluster = PgCluster(settings=settings, name="pgprobe-bench")
-        run = report.Run(
-            started=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            mode="quick" if args.quick else "full",
-            elapsed_min=0.0,
-            machine=common.machine_info(cluster.bindir / "postgres"),
-            loadavg_before=loadavg_before,
-            quiet=quiet,
-            pairs=pairs,
-            seconds=seconds,
-            notes=notes,
-        )
-        with cluster, common.BpfStats() as stats:
-            if not stats.enabled:
-                run.notes.append(f"BPF run-time statistics unavailable: {stats.error}")
-            common.log(f"cluster at {cluster.root} (port {cluster.port}); pgbench -i -s 2")
-            init = cluster.pgbench("-i", "-q", "-s", "2")
-            out, _ = init.communicate(timeout=600)
-            if init.returncode != 0:
-                raise SystemExit(f"pgbench -i failed: {out}")
-            if not args.no_symbolize:
-                with cluster.connect() as conn:
-                    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-                    assert row is not None
-                    common.log("symbolize: 100,000 raw stacks...")
-                    run.symbolize = symbolize.run(int(str(row[0])))
-                common.log(f"  {run.symbolize}")
-            if not args.no_render:
-                common.log("render: 50,000 stacks to SVG...")
-                run.render = render.run(workdir, runs=3 if args.quick else 7)
-                run.notes.extend(run.render.notes)
-                common.log(
-                    f"  pgprobe flame --from: {run.render.command.wall} s, "
-                    f"{run.render.command.peak_rss} MiB"
+    cluster = PgCluster(settings=settings, name="pgprobe-bench")
+    run = report.Run(
+        started=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        mode="quick" if args.quick else "full",
+        elapsed_min=0.0,
+        machine=common.machine_info(cluster.bindir / "postgres"),
+        loadavg_before=loadavg_before,
+        quiet=quiet,
+        pairs=pairs,
+        seconds=seconds,
+        notes=notes,
+        source=source,
+    )
+    with cluster, common.BpfStats() as stats:
+        if not stats.enabled:
+            run.notes.append(f"BPF run-time statistics unavailable: {stats.error}")
+        common.log(f"cluster at {cluster.root} (port {cluster.port}); pgbench -i -s 2")
+        init = cluster.pgbench("-i", "-q", "-s", "2")
+        out, _ = init.communicate(timeout=600)
+        if init.returncode != 0:
+            raise SystemExit(f"pgbench -i failed: {out}")
+        if not args.no_symbolize:
+            with cluster.connect() as conn:
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                common.log("symbolize: 100,000 raw stacks...")
+                run.symbolize = symbolize.run(int(str(row[0])))
+            common.log(f"  {run.symbolize}")
+        if not args.no_render:
+            common.log("render: 50,000 stacks to SVG...")
+            run.render = render.run(workdir, runs=3 if args.quick else 7)
+            run.notes.extend(run.render.notes)
+            common.log(
+                f"  pgprobe flame --from: {run.render.command.wall} s, "
+                f"{run.render.command.peak_rss} MiB"
+            )
+        if not args.no_overhead and configs:
+            tracers = {c.key: overhead.Tracer(c, cluster, workdir) for c in configs}
+            for workload in workloads:
+                common.log(f"overhead: {workload.label}")
+                result = overhead.run_workload(
+                    cluster, workload, configs, pairs, seconds, warmup, tracers
                 )
-            if not args.no_overhead and configs:
-                for workload in workloads:
-                    common.log(f"overhead: {workload.label}")
-                    result = overhead.run_workload(
-                        cluster, workload, configs, pairs, seconds, warmup, workdir
-                    )
-                    run.workloads.append(result)
-                    run.summaries.extend(overhead.summarize(result, configs))
-                    tps = common.median(w.tps for w in result.untraced)
-                    if tps:
-                        run.untraced_tps[workload.label] = tps
-        run.elapsed_min = (time.time() - started) / 60
+                run.workloads.append(result)
+                run.summaries.extend(overhead.summarize(result, configs))
+                tps = common.median(w.tps for w in result.untraced)
+                if tps:
+                    run.untraced_tps[workload.label] = tps
+    run.elapsed_min = (time.time() - started) / 60
     report.write(args.output, run)
     common.log(f"\nwrote {args.output} ({run.elapsed_min:.1f} min)")
     for line in report.overhead_table(run):

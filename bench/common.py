@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import IO, Any
 
 REPO = Path(__file__).resolve().parent.parent
+# Where the tools and sub-benchmarks run from (their cwd, so `python -m pgprobe` imports the
+# pgprobe found there): the checkout, or a copy of it taken when the bench starts.
+RUN_DIR = REPO
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 1
 KIB_PER_MIB = 1024
@@ -111,12 +114,44 @@ def machine_cpu_s() -> tuple[float, float]:
 
 
 def children(pid: int) -> list[int]:
-    """Live children of pid's main thread."""
+    """Live children of pid, started by any of its threads."""
+    out: list[int] = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def snapshot_source(dest: Path) -> str:
+    """Copy the code the bench runs (pgprobe, bpf, d, bench) to dest and run it from
+    there, so that edits made to the checkout during a run do not reach it. Returns a
+    description of the source: the commit, and what differed from it."""
+    for part in ("pgprobe", "bpf", "d", "bench"):
+        if (REPO / part).is_dir():
+            shutil.copytree(REPO / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+    global RUN_DIR
+    RUN_DIR = dest
+    head = _first_line(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    try:
+        status = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "pgprobe", "bpf", "d"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        status = []
+    changed = sorted(line[3:] for line in status if line.strip())
+    if not changed:
+        return f"commit {head}"
+    return f"commit {head} plus uncommitted changes in {', '.join(changed)}"
 
 
 def cmdline(pid: int) -> list[str]:
@@ -263,7 +298,7 @@ def run_measured(
     argv: Sequence[str], stdout: IO[Any] | int | None = subprocess.DEVNULL
 ) -> Finished:
     started = time.time()
-    child = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, cwd=REPO)
+    child = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, cwd=RUN_DIR)
     assert child.stderr is not None
     err = child.stderr.read()
     done = wait_measured(child, started)

@@ -97,7 +97,7 @@ def available_commands() -> str:
         [sys.executable, "-m", "pgprobe", "--help"],
         capture_output=True,
         text=True,
-        cwd=common.REPO,
+        cwd=common.RUN_DIR,
     )
     return done.stdout
 
@@ -140,6 +140,7 @@ class Pgbench:
         self.process = cluster.pgbench(
             *workload.args, "-T", str(seconds), "-P", "1", "--progress-timestamp"
         )
+        self.postmaster_pid = cluster.postmaster_pid
         self.intervals: list[Interval] = []
         self.other_lines: list[str] = []
         self._last_end: float | None = None
@@ -196,6 +197,13 @@ class Pgbench:
         tps = sum(i.tps * (i.end - i.start) for i in got) / seconds if seconds else 0.0
         return Window(got[0].start if got else first_end, last_end, tps, seconds, len(got))
 
+    def workload_cpu_s(self) -> float:
+        """CPU seconds so far of the cluster (postmaster, backends, reaped backends) and
+        pgbench."""
+        return common.tree_cpu_s([self.postmaster_pid]) + (
+            common.proc_cpu_s(self.process.pid) or 0.0
+        )
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -215,16 +223,26 @@ class Window:
     seconds: float
     intervals: int
     busy_cpus: float = 0.0  # CPUs busy machine-wide during the window (of common.NCPU)
+    # CPU seconds of the cluster's processes and pgbench in the window (plus, traced, the
+    # tool's: pgprobe and bpftrace; BPF programs and uprobe traps run in the backends)
+    cpu_s: float = 0.0
+
+    @property
+    def cpu_us_per_tx(self) -> float | None:
+        tx = self.tps * self.seconds
+        return self.cpu_s / tx * 1e6 if tx and self.cpu_s else None
 
 
 def untraced_window(bench: Pgbench, seconds: int) -> Window:
     b = bench.next_boundary(time.time() + 0.05)
     common.sleep_until(b)
     busy0, total0 = common.machine_cpu_s()
+    work0 = bench.workload_cpu_s()
     common.sleep_until(b + seconds)
     bench.wait_report(b + seconds - 0.5)
     busy1, total1 = common.machine_cpu_s()
     w = bench.window(b + 1, b + seconds)
+    w.cpu_s = bench.workload_cpu_s() - work0
     w.busy_cpus = (busy1 - busy0) / (total1 - total0) * common.NCPU if total1 > total0 else 0
     return w
 
@@ -311,6 +329,7 @@ class _Times:
     sigint: float = 0.0
     busy: tuple[float, float] = (0.0, 0.0)  # CPUs busy machine-wide: seconds busy, total
     tool_cpu_s: float = 0.0
+    work_cpu_s: float = 0.0  # the cluster's and pgbench's CPU in the window
     bpf: tuple[int, int] = (0, 0)  # BPF run count and run time (ns) in the window
 
 
@@ -322,7 +341,7 @@ class Tracer:
         self.cluster = cluster
         self.workdir = workdir
         self.attach_seen: list[float] = []
-        self.failures = 0
+        self.failures = 0  # counted runs that failed; after 2 the configuration is skipped
 
     def attach_wait(self) -> float:
         """How long to wait after the tracer appears: twice the longest attach seen."""
@@ -357,7 +376,7 @@ class Tracer:
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
-                cwd=common.REPO,
+                cwd=common.RUN_DIR,
                 env={**os.environ, RUSAGE_ENV: str(rusage)},
             )
         try:
@@ -424,9 +443,11 @@ class Tracer:
         t.last_end = start_of_window + seconds
         common.sleep_until(start_of_window)
         cpu0, bpf0, busy0 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        work0 = bench.workload_cpu_s()
         common.sleep_until(t.last_end)
         bench.wait_report(t.last_end - 0.5)
         cpu1, bpf1, busy1 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        t.work_cpu_s = bench.workload_cpu_s() - work0
         if child.poll() is not None:
             result.ok = False
             result.error = f"the tool ended before the window did (exit {child.returncode})"
@@ -451,6 +472,7 @@ class Tracer:
         window = bench.window(t.first_end, t.last_end, not_before=attached)
         result.dropped_intervals = (round(t.last_end - t.first_end) + 1) - window.intervals
         window.busy_cpus = t.busy[0] / t.busy[1] * common.NCPU if t.busy[1] else 0.0
+        window.cpu_s = t.work_cpu_s + t.tool_cpu_s
         result.window = window
         span = t.last_end - (t.first_end - 1)
         result.tool_cpu_pct = 100 * t.tool_cpu_s / span
@@ -525,6 +547,31 @@ class Pair:
             return None
         return self.run.window.tps / base
 
+    @property
+    def extra_cpu_us_per_fire(self) -> float | None:
+        """CPU the tracing added per probe fire, from CPU per transaction.
+
+        traced tx/s x (traced - untraced CPU per transaction) is the CPU per second
+        the tracing cost (in the backends: traps and BPF programs; in pgprobe and
+        bpftrace); divided by the probe fires per second, the all-in cost of one fire.
+        """
+        w, fires = self.run.window, self.run.fires_per_s
+        befores = [x.cpu_us_per_tx for x in (self.before, self.after)]
+        if w is None or not fires or None in befores or w.cpu_us_per_tx is None:
+            return None
+        base = sum(b for b in befores if b is not None) / 2
+        return w.tps * (w.cpu_us_per_tx - base) / fires
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        """CPU per transaction, traced / untraced (the tool's own CPU counted in)."""
+        befores = [w.cpu_us_per_tx for w in (self.before, self.after)]
+        if self.run.window is None or None in befores:
+            return None
+        traced = self.run.window.cpu_us_per_tx
+        base = sum(b for b in befores if b is not None) / 2
+        return traced / base if traced and base else None
+
 
 @dataclass
 class WorkloadResult:
@@ -541,9 +588,10 @@ class WorkloadResult:
 
 def planned_seconds(configs: int, pairs: int, seconds: int, warmup: float) -> float:
     """A workload's expected length: windows, plus about 3.5 s of attach and finish per
-    traced window and half a second of boundary wait per untraced one."""
+    traced window and half a second of boundary wait per untraced one, and a first run of
+    each tool (about 5 s; only in the first workload, counted in each to be safe)."""
     traced = configs * pairs
-    return warmup + (traced + 1) * (seconds + 0.6) + traced * (seconds + 3.5)
+    return warmup + 5 * configs + (traced + 1) * (seconds + 0.6) + traced * (seconds + 3.5)
 
 
 def run_workload(
@@ -553,10 +601,14 @@ def run_workload(
     pairs: int,
     seconds: int,
     warmup: float,
-    workdir: Path,
+    tracers: dict[str, Tracer],
 ) -> WorkloadResult:
+    """Warm-up, then A T A T ... A over the configurations, `pairs` times each.
+
+    A tool that has never run yet runs once first for 1 s (not counted), so that its
+    attach time is known and the first counted run does not start the window early.
+    """
     result = WorkloadResult(workload, seconds, loadavg_before=common.loadavg())
-    tracers = {c.key: Tracer(c, cluster, workdir) for c in configs}
     roots = [os.getpid(), cluster.postmaster_pid]
     busy0, total0 = common.machine_cpu_s()
     ours0 = common.tree_cpu_s(roots)
@@ -566,6 +618,15 @@ def run_workload(
     try:
         bench.wait_started()
         time.sleep(warmup)
+        for config in configs:
+            tracer = tracers[config.key]
+            if not tracer.attach_seen:
+                common.log(
+                    f"  [{workload.key}] {config.label}: a first run to learn its attach time"
+                )
+                tracer.run(bench, 1)
+                if tracer.attach_seen:  # it ran: an early window is not a failure
+                    tracer.failures = 0
         before = untraced_window(bench, seconds)
         result.untraced.append(before)
         n = 0
@@ -611,6 +672,7 @@ def describe(pair: Pair) -> str:
     return (
         f"{pair.config}: ratio {_f(pair.ratio, '.3f')} (traced {w.tps:,.0f} tps over "
         f"{w.seconds:.1f} s; untraced {pair.before.tps:,.0f} / {pair.after.tps:,.0f}) "
+        f"cpu/tx ratio {_f(pair.cpu_ratio, '.3f')} "
         f"attach {_f(r.start_to_attach_s, '.2f')} s finish {_f(r.finish_s, '.2f')} s "
         f"rss {_f(r.rss_mib, '.0f')} MiB events/s {_f(r.events_per_s, ',.0f')} "
         f"fires/s {_f(r.fires_per_s, ',.0f')} tool cpu {_f(r.tool_cpu_pct, '.1f')} %"
@@ -636,23 +698,20 @@ class Summary:
         got = [getattr(r, attr) for r in self.runs if getattr(r, attr) is not None]
         return max(got) if got else None
 
+    cpu_ratios: list[float] = field(default_factory=list)
+    per_fire_us: list[float] = field(default_factory=list)
+
     @property
     def ratio(self) -> float | None:
         return common.median(self.ratios)
 
     @property
-    def extra_cpu_us_per_fire(self) -> float | None:
-        """(1 - ratio) x CPUs the workload kept busy / probe fires per second.
+    def cpu_ratio(self) -> float | None:
+        return common.median(self.cpu_ratios)
 
-        On a saturated machine throughput follows the CPU left to the workload, so
-        the throughput lost is CPU time the tracing took; spread over the probe
-        fires it is the all-in cost of one fire (trap, BPF program, tracer user
-        space), in microseconds of CPU.
-        """
-        fires = self.med("fires_per_s")
-        if self.ratio is None or self.ratio >= 1 or not fires or self.busy_cpus is None:
-            return None
-        return (1 - self.ratio) * self.busy_cpus / fires * 1e6
+    @property
+    def extra_cpu_us_per_fire(self) -> float | None:
+        return common.median(self.per_fire_us)
 
 
 def summarize(result: WorkloadResult, configs: list[Config]) -> list[Summary]:
@@ -662,5 +721,8 @@ def summarize(result: WorkloadResult, configs: list[Config]) -> list[Summary]:
     for config in configs:
         pairs = [p for p in result.pairs if p.config == config.key]
         ratios = [p.ratio for p in pairs if p.ratio is not None]
-        out.append(Summary(config, result.workload, ratios, [p.run for p in pairs], tps, busy))
+        cpu = [p.cpu_ratio for p in pairs if p.cpu_ratio is not None]
+        runs = [p.run for p in pairs]
+        fire = [p.extra_cpu_us_per_fire for p in pairs if p.extra_cpu_us_per_fire is not None]
+        out.append(Summary(config, result.workload, ratios, runs, tps, busy, cpu, fire))
     return out

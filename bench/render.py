@@ -132,7 +132,7 @@ def run(workdir: Path, runs: int) -> RenderResult:
         check=True,
         capture_output=True,
         text=True,
-        cwd=common.REPO,
+        cwd=common.RUN_DIR,
     )
     data = json.loads(inproc.stdout)
     result.inprocess_first_s = data["times_s"][0]

@@ -50,6 +50,7 @@ class Run:
     symbolize: SymbolizeResult | None = None
     notes: list[str] = field(default_factory=list)
     untraced_tps: dict[str, float] = field(default_factory=dict)
+    source: str = ""  # which code was measured
 
 
 def _f(value: float | None, fmt: str, unit: str = "") -> str:
@@ -156,16 +157,18 @@ def overhead_table(run: Run) -> list[str]:
 
 def cost_table(run: Run) -> list[str]:
     lines = [
-        "| tool | workload | probe fires/s | BPF ns/fire | extra CPU µs/fire "
+        "| tool | workload | CPU/transaction traced/untraced median [min–max] "
+        "| probe fires/s | BPF ns/fire | extra CPU µs/fire "
         "| tool CPU % | pgprobe start s | bpftrace attach s | bpftrace RSS MiB | lost |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in run.summaries:
         if not s.runs:
             continue
         lost = sum(r.lost for r in s.runs)
         lines.append(
-            f"| {s.config.label} | {s.workload.key} | {_f(s.med('fires_per_s'), ',.0f')} "
+            f"| {s.config.label} | {s.workload.key} | {_range(s.cpu_ratios, '.3f')} "
+            f"| {_f(s.med('fires_per_s'), ',.0f')} "
             f"| {_f(s.med('bpf_ns_per_fire'), ',.0f')} | {_f(s.extra_cpu_us_per_fire, '.2f')} "
             f"| {_f(s.med('tool_cpu_pct'), '.1f')} | {_f(s.med('spawn_s'), '.2f')} "
             f"| {_f(s.med('attach_s'), '.2f')} "
@@ -257,7 +260,7 @@ def generated(run: Run) -> str:
         "",
         f"Run {run.started} UTC, `scripts/bench{' --quick' if run.mode == 'quick' else ''}`, "
         f"{run.elapsed_min:.1f} min: {run.pairs} pairs per tool and workload, windows of "
-        f"{run.seconds} s.",
+        f"{run.seconds} s. Code: {run.source}.",
         "",
         f"Machine: {m.get('os')}, kernel {m.get('kernel')}, {m.get('cpus')} CPUs, "
         f"{m.get('memory')}; {m.get('postgresql')}; {m.get('bpftrace')}; Python "

@@ -53,7 +53,7 @@ def run(pid: int, stacks: int = STACKS) -> SymbolizeResult:
         [sys.executable, "-m", "bench.symbolize", "--pid", str(pid), "--stacks", str(stacks)],
         capture_output=True,
         text=True,
-        cwd=common.REPO,
+        cwd=common.RUN_DIR,
     )
     if done.returncode != 0:
         return SymbolizeResult(note=f"symbolize benchmark failed: {done.stderr.strip()[-300:]}")
