@@ -46,3 +46,30 @@ def run_pgprobe(
         env={**os.environ, **(env or {})},
         cwd=CHECKOUT,
     )
+
+
+def bpftrace_child(ppid: int) -> int | None:
+    """The bpftrace process that pgprobe `ppid` started, if it runs yet."""
+    from pgprobe import proc
+
+    for pid in proc.children(ppid):
+        info = proc.read_info(pid)
+        if info is not None and info.comm == "bpftrace":
+            return pid
+    return None
+
+
+def perf_event_fds(pid: int) -> int:
+    """How many perf events a process holds open (bpftrace: one per CPU buffer and probe)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    count = 0
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]":
+                count += 1
+        except OSError:
+            continue
+    return count

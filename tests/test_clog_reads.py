@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, need, run_pgprobe
+from helpers import CHECKOUT, bpftrace_child, need, perf_event_fds, run_pgprobe
 from slru_workload import (
     BLCKSZ,
     CLUSTER_SETTINGS,
@@ -104,36 +104,6 @@ def workload(tracing: None) -> Iterator[Workload]:
 # -- running pgprobe -------------------------------------------------------------------------
 
 
-def _bpftrace_child(ppid: int) -> int | None:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if comm == "bpftrace" and int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
-            return int(entry)
-    return None
-
-
-def _perf_event_fds(pid: int) -> int:
-    count = 0
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return 0
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]":
-                count += 1
-        except OSError:
-            continue
-    return count
-
-
 def start(workload: Workload, *args: str) -> subprocess.Popen[str]:
     """pgprobe clog-reads in the background (-d 60, ended by stop()), attached when this returns."""
     argv = [sys.executable, "-m", "pgprobe", "clog-reads", *workload.cluster.conn_args,
@@ -145,12 +115,16 @@ def start(workload: Workload, *args: str) -> subprocess.Popen[str]:
     return probe
 
 
+STABLE_S = 1.0
+
+
 def wait_attached(probe: subprocess.Popen[str]) -> None:
     """Until pgprobe's bpftrace has attached every probe.
 
     bpftrace 0.17 opens one output-buffer perf event per CPU at start, then one
     per tracepoint (and one for interval:s:1) as it attaches: attached is when
-    that count has grown and stopped growing. pgprobe reads pg_stat_slru's
+    that count has grown and stopped growing (for a second: on a loaded machine
+    attaching can pause for a few hundred ms). pgprobe reads pg_stat_slru's
     "before" 0.1 s after bpftrace says it attaches, so a little more is waited.
     """
     cpus = os.cpu_count() or 1
@@ -159,11 +133,11 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
     while time.monotonic() < deadline:
         if probe.poll() is not None:
             pytest.fail(f"pgprobe ended before attaching: {probe.communicate()[1]}")
-        child = _bpftrace_child(probe.pid)
-        count = _perf_event_fds(child) if child is not None else 0
+        child = bpftrace_child(probe.pid)
+        count = perf_event_fds(child) if child is not None else 0
         if count != seen:
             seen, stable_since = count, time.monotonic()
-        elif count > cpus + 10 and time.monotonic() - stable_since > 0.3:
+        elif count > cpus + 10 and time.monotonic() - stable_since > STABLE_S:
             time.sleep(0.3)
             return
         time.sleep(0.02)
@@ -172,7 +146,7 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
     try:
         err = probe.communicate(timeout=30)[1]
     except subprocess.TimeoutExpired:
-        child = _bpftrace_child(probe.pid)
+        child = bpftrace_child(probe.pid)
         if child is not None:
             os.kill(child, signal.SIGKILL)
         probe.kill()

@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, run_pgprobe
+from helpers import CHECKOUT, bpftrace_child, perf_event_fds, run_pgprobe
 
 from pgprobe.render.flamegraph import parse_folded
 from pgprobe.sandbox import PgCluster
@@ -72,35 +72,6 @@ def start_pgprobe(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def _bpftrace_child(ppid: int) -> int | None:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if comm == "bpftrace" and int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
-            return int(entry)
-    return None
-
-
-def _perf_event_fds(pid: int) -> int:
-    count = 0
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]":
-                    count += 1
-            except OSError:
-                continue
-    except OSError:
-        return 0
-    return count
-
-
 def wait_sampling(probe: subprocess.Popen[str], timeout: float = 60) -> None:
     """Until pgprobe's bpftrace samples: its perf events are open.
 
@@ -112,8 +83,8 @@ def wait_sampling(probe: subprocess.Popen[str], timeout: float = 60) -> None:
     while time.monotonic() < deadline:
         if probe.poll() is not None:
             pytest.fail(f"pgprobe ended before sampling: {probe.communicate()[1]}")
-        child = _bpftrace_child(probe.pid)
-        if child is not None and _perf_event_fds(child) >= wanted:
+        child = bpftrace_child(probe.pid)
+        if child is not None and perf_event_fds(child) >= wanted:
             time.sleep(0.3)
             return
         time.sleep(0.05)
