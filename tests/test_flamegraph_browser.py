@@ -8,21 +8,16 @@ they fail. Screenshots go to tests/artifacts/ (gitignored) for a person to look 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import ARTIFACTS, headless_chromium
 
 from pgprobe.render.flamegraph import XPAD, parse_folded, render_svg
 
-CHROMIUM = os.environ.get("PGPROBE_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("PGPROBE_CHROMEDRIVER", "/usr/bin/chromedriver")
-ARTIFACTS = Path(__file__).parent / "artifacts"
 SAMPLE = Path(__file__).parent.parent / "samples" / "flamegraph_pgbench.svg"
 WIDTH = 1200
 PLOTW = WIDTH - 2 * XPAD
@@ -51,56 +46,10 @@ def expected_pct(pattern: str, flags: int = 0) -> float:
     return 100 * hit / TOTAL
 
 
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install selenium)"
-    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            return f"{path} not found (apt-get install {pkg})"
-    return None
-
-
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
-    problem = _missing()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser test cannot run under CI: {problem}")
-        pytest.skip(problem)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common import selenium_manager
-
-    def no_manager(*args: object, **kwargs: object) -> None:
-        raise AssertionError("selenium-manager must not run (it would download a driver)")
-
-    profile_dir = tempfile.mkdtemp(prefix="pgprobe-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile_dir}",
-        "--window-size=1240,900",
-    ):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(selenium_manager.SeleniumManager, "binary_paths", no_manager)
-        drv = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    try:
+    with headless_chromium("1240,900") as drv:
         yield drv
-    finally:
-        drv.quit()
-        shutil.rmtree(profile_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,7 @@ and the timeline must have bars. Screenshots go to tests/artifacts/ for a person
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from functools import cache
@@ -28,15 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import ARTIFACTS, headless_chromium
 
 from pgprobe.findings import SECTIONS
 from pgprobe.render.flamegraph import XPAD, render_svg
 from pgprobe.render.report import render_html, timeline_svg
 
 FIXTURES = Path(__file__).parent / "fixtures" / "triage"
-ARTIFACTS = Path(__file__).parent / "artifacts"
-CHROMIUM = os.environ.get("PGPROBE_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("PGPROBE_CHROMEDRIVER", "/usr/bin/chromedriver")
 REPORT_SECTIONS = ["findings", "flame", "lwlocks", "slru", "waits", "cpu", "sql", "capture"]
 VOID = {"meta", "link", "br", "hr", "img", "input", "col", "area", "base", "wbr", "source"}
 EVIL_QUERY = (
@@ -346,57 +341,10 @@ def test_partial_stats() -> None:
 # In a browser.
 
 
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install selenium)"
-    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            return f"{path} not found (apt-get install {pkg})"
-    return None
-
-
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
-    problem = _missing()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser test cannot run under CI: {problem}")
-        pytest.skip(problem)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common import selenium_manager
-
-    def no_manager(*args: object, **kwargs: object) -> None:
-        raise AssertionError("selenium-manager must not run (it would download a driver)")
-
-    profile_dir = tempfile.mkdtemp(prefix="pgprobe-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile_dir}",
-        "--window-size=1280,1000",
-        "--hide-scrollbars",
-    ):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(selenium_manager.SeleniumManager, "binary_paths", no_manager)
-        drv = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    try:
+    with headless_chromium("1280,1000", "--hide-scrollbars") as drv:
         yield drv
-    finally:
-        drv.quit()
-        shutil.rmtree(profile_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
