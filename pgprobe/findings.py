@@ -131,11 +131,8 @@ def _rows(doc: Doc, name: str) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
-def _num(value: Any) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
+def as_number(value: Any) -> float:
+    """A number from a document field of any type (missing or malformed: 0)."""
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -152,9 +149,9 @@ def _duration(doc: Doc, section: str | None = None) -> float:
     if section:
         sec = _section(doc, section)
         smeta = sec.get("meta") if sec else None
-        if isinstance(smeta, dict) and _num(smeta.get("duration_s")) > 0:
-            return _num(smeta["duration_s"])
-    return _num(_meta(doc).get("duration_s"))
+        if isinstance(smeta, dict) and as_number(smeta.get("duration_s")) > 0:
+            return as_number(smeta["duration_s"])
+    return as_number(_meta(doc).get("duration_s"))
 
 
 def _stats(doc: Doc, name: str) -> dict[str, Any] | None:
@@ -173,16 +170,16 @@ def _avg_active(doc: Doc) -> float | None:
     samples = _activity_samples(doc)
     if not samples:
         return None
-    return sum(_num(s.get("active")) for s in samples) / len(samples)
+    return sum(as_number(s.get("active")) for s in samples) / len(samples)
 
 
 def _max_clients(doc: Doc) -> int | None:
     samples = _activity_samples(doc)
-    return max(int(_num(s.get("total"))) for s in samples) if samples else None
+    return max(int(as_number(s.get("total"))) for s in samples) if samples else None
 
 
 def _major(doc: Doc) -> int:
-    num = int(_num(_meta(doc).get("postgres_version_num")))
+    num = int(as_number(_meta(doc).get("postgres_version_num")))
     return num // 10000 if num >= 100000 else num // 100
 
 
@@ -422,7 +419,7 @@ def lwlock_tranches(doc: Doc) -> list[Finding]:
     """A tranche (family) holding a large share of LWLock wait time, with its meaning."""
     rows = _rows(doc, "lwlocks")
     duration = _duration(doc, "lwlocks")
-    grand = sum(_num(r.get("total_us")) for r in rows)
+    grand = sum(as_number(r.get("total_us")) for r in rows)
     if not rows or grand <= 0 or duration <= 0:
         return []
     fams: dict[str, dict[str, float]] = {}
@@ -430,11 +427,11 @@ def lwlock_tranches(doc: Doc) -> list[Finding]:
         tranche = str(r.get("tranche", "?"))
         fam = _TRANCHE_FAMILY.get(tranche, tranche)
         fams.setdefault(fam, {})
-        fams[fam][tranche] = fams[fam].get(tranche, 0.0) + _num(r.get("total_us"))
+        fams[fam][tranche] = fams[fam].get(tranche, 0.0) + as_number(r.get("total_us"))
     waits: dict[str, float] = {}
     for r in rows:
         fam = _TRANCHE_FAMILY.get(str(r.get("tranche", "?")), str(r.get("tranche", "?")))
-        waits[fam] = waits.get(fam, 0.0) + _num(r.get("waits"))
+        waits[fam] = waits.get(fam, 0.0) + as_number(r.get("waits"))
     active = _avg_active(doc)
     out = []
     for fam, tranches in fams.items():
@@ -480,13 +477,13 @@ def lwlock_tranches(doc: Doc) -> list[Finding]:
         detail = []
         for t in names:
             modes = [r for r in rows if r.get("tranche") == t]
-            worst = max((_num(r.get("p99_us")) for r in modes), default=0.0)
+            worst = max((as_number(r.get("p99_us")) for r in modes), default=0.0)
             detail.append(
-                f"{t}: {_n(sum(_num(r.get('waits')) for r in modes))} waits, "
+                f"{t}: {_n(sum(as_number(r.get('waits')) for r in modes))} waits, "
                 f"{_secs(tranches[t] / 1e6)}, p99 {_n(worst)} us"
             )
         if fam == "ProcArray":
-            max_conn = int(_num(_meta(doc).get("max_connections")))
+            max_conn = int(as_number(_meta(doc).get("max_connections")))
             detail.append(
                 f"{_n(_max_clients(doc) or 0)} client connections (max_connections {_n(max_conn)})"
             )
@@ -520,9 +517,9 @@ def _row_lock_pct(doc: Doc) -> float:
     if not isinstance(profile, list):
         return 0.0
     entries = [p for p in profile if isinstance(p, dict)]
-    total = sum(_num(p.get("samples")) for p in entries)
+    total = sum(as_number(p.get("samples")) for p in entries)
     rows = sum(
-        _num(p.get("samples"))
+        as_number(p.get("samples"))
         for p in entries
         if p.get("wait_event_type") == "Lock" and p.get("wait_event") in ("transactionid", "tuple")
     )
@@ -560,8 +557,8 @@ def _slru_stats(doc: Doc) -> dict[str, dict[str, Any]]:
                 prev = out[key]
                 out[key] = {
                     **prev,
-                    "blks_hit": _num(prev.get("blks_hit")) + _num(r.get("blks_hit")),
-                    "blks_read": _num(prev.get("blks_read")) + _num(r.get("blks_read")),
+                    "blks_hit": as_number(prev.get("blks_hit")) + as_number(r.get("blks_hit")),
+                    "blks_read": as_number(prev.get("blks_read")) + as_number(r.get("blks_read")),
                 }
             else:
                 out[key] = dict(r)
@@ -576,10 +573,10 @@ def slru_reads(doc: Doc) -> list[Finding]:
     for r in rows:
         key = _slru_dir(str(r.get("slru") or r.get("file") or "?"))
         agg = probe.setdefault(key, {"reads": 0.0, "pids": set(), "max_us": 0.0, "files": set()})
-        agg["reads"] += _num(r.get("reads"))
+        agg["reads"] += as_number(r.get("reads"))
         agg["pids"].add(r.get("pid"))
         agg["files"].add(r.get("file"))
-        agg["max_us"] = max(agg["max_us"], _num(r.get("max_us")))
+        agg["max_us"] = max(agg["max_us"], as_number(r.get("max_us")))
     stats = _slru_stats(doc)
     clog_s = _duration(doc, "clog_reads")
     stats_s = _duration(doc)
@@ -587,7 +584,7 @@ def slru_reads(doc: Doc) -> list[Finding]:
     for slru in sorted(set(probe) | set(stats)):
         got = probe.get(slru)
         st = stats.get(slru)
-        st_reads = _num(st.get("blks_read")) if st else 0.0
+        st_reads = as_number(st.get("blks_read")) if st else 0.0
         if got and clog_s > 0:
             rate = got["reads"] / clog_s
             source = "probe"
@@ -621,12 +618,12 @@ def slru_reads(doc: Doc) -> list[Finding]:
         if st:
             hit = st.get("hit_pct")
             if hit is None:
-                hits = _num(st.get("blks_hit"))
+                hits = as_number(st.get("blks_hit"))
                 hit = 100 * hits / (hits + st_reads) if hits + st_reads else None
             evidence.append(
                 f"pg_stat_slru {st.get('name', slru)}: {_n(st_reads)} blocks read, "
-                f"{_n(_num(st.get('blks_hit')))} hit"
-                + (f" ({_pct(_num(hit))} hit ratio)" if hit is not None else "")
+                f"{_n(as_number(st.get('blks_hit')))} hit"
+                + (f" ({_pct(as_number(hit))} hit ratio)" if hit is not None else "")
                 + (f" in {_secs(stats_s)}" if stats_s else "")
             )
         thrash = "buffers thrashing" if slru != "pg_xact" else "clog buffers thrashing"
@@ -680,14 +677,16 @@ class _Profile:
         if self.stacks:
             hit = sum(n for frames, n in self.stacks if frames and rx.search(frames[-1]))
             return 100 * hit / self.samples
-        return sum(_num(r.get("self_pct")) for r in self.rows if rx.search(_fname(r)))
+        return sum(as_number(r.get("self_pct")) for r in self.rows if rx.search(_fname(r)))
 
     def total_pct(self, rx: re.Pattern[str]) -> float:
         if self.stacks:
             hit = sum(n for frames, n in self.stacks if any(rx.search(f) for f in frames))
             return 100 * hit / self.samples
         # the hot table cannot tell overlaps apart: the largest matching row is a lower bound
-        return max((_num(r.get("total_pct")) for r in self.rows if rx.search(_fname(r))), default=0)
+        return max(
+            (as_number(r.get("total_pct")) for r in self.rows if rx.search(_fname(r))), default=0
+        )
 
     def top_self(self, rx: re.Pattern[str], n: int = 3) -> list[tuple[str, float]]:
         counts: dict[str, float] = {}
@@ -698,7 +697,7 @@ class _Profile:
         else:
             for r in self.rows:
                 if rx.search(_fname(r)):
-                    counts[_fname(r)] = counts.get(_fname(r), 0) + _num(r.get("self_pct"))
+                    counts[_fname(r)] = counts.get(_fname(r), 0) + as_number(r.get("self_pct"))
         return sorted(counts.items(), key=lambda kv: -kv[1])[:n]
 
 
@@ -716,14 +715,15 @@ def _profile(doc: Doc) -> _Profile | None:
     folded = flame.get("folded") if flame else None
     if isinstance(folded, dict) and folded:
         stacks = [
-            ([_frame_name(f) for f in str(k).split(";")], int(_num(v))) for k, v in folded.items()
+            ([_frame_name(f) for f in str(k).split(";")], int(as_number(v)))
+            for k, v in folded.items()
         ]
         samples = sum(n for _, n in stacks)
         if samples >= CPU_MIN_SAMPLES:
             return _Profile(samples, stacks, [], "flame graph stacks")
     hot = _section(doc, "hot")
     hmeta = hot.get("meta") if hot else None
-    samples = int(_num(hmeta.get("samples"))) if isinstance(hmeta, dict) else 0
+    samples = int(as_number(hmeta.get("samples"))) if isinstance(hmeta, dict) else 0
     rows = _rows(doc, "hot")
     if rows and samples >= CPU_MIN_SAMPLES:
         return _Profile(samples, [], rows, "top functions table")
@@ -793,7 +793,7 @@ def cpu_patterns(doc: Doc) -> list[Finding]:
         return []
     out = []
     clients = _max_clients(doc)
-    max_conn = int(_num(_meta(doc).get("max_connections")))
+    max_conn = int(as_number(_meta(doc).get("max_connections")))
     snap = profile.total_pct(_SNAPSHOT_RX)
     if snap >= SNAPSHOT_TOTAL_PCT:
         conns = (
@@ -1067,22 +1067,22 @@ def wait_events(doc: Doc) -> list[Finding]:
     if not isinstance(profile, list):
         return []
     entries = [p for p in profile if isinstance(p, dict)]
-    total = sum(_num(p.get("samples")) for p in entries)
+    total = sum(as_number(p.get("samples")) for p in entries)
     n_samples = len(_activity_samples(doc))
     if total < WAIT_MIN_SAMPLES:
         return []
-    interval = _num(act.get("interval_s") if act else 0) or 1.0
+    interval = as_number(act.get("interval_s") if act else 0) or 1.0
     families: dict[str, tuple[_WaitFamily, dict[str, float]]] = {}
     cpu = 0.0
     for p in entries:
         wtype, event = str(p.get("wait_event_type") or ""), str(p.get("wait_event") or "")
         if wtype in ("CPU", ""):
-            cpu += _num(p.get("samples"))
+            cpu += as_number(p.get("samples"))
             continue
         key, fam = _wait_family(wtype, event)
         events = families.setdefault(key, (fam, {}))[1]
         name = f"{wtype}:{event}"
-        events[name] = events.get(name, 0.0) + _num(p.get("samples"))
+        events[name] = events.get(name, 0.0) + as_number(p.get("samples"))
     out = []
     for key, (fam, events) in families.items():
         samples = sum(events.values())
@@ -1147,20 +1147,20 @@ def checkpoints_requested(doc: Doc) -> list[Finding]:
     bg = _stats(doc, "bgwriter") or {}
     cp = _stats(doc, "checkpointer") or {}
     if "num_requested" in cp or "num_timed" in cp:  # PostgreSQL 17+
-        req, timed = _num(cp.get("num_requested")), _num(cp.get("num_timed"))
-        written = _num(cp.get("buffers_written"))
+        req, timed = as_number(cp.get("num_requested")), as_number(cp.get("num_timed"))
+        written = as_number(cp.get("buffers_written"))
     else:
-        req, timed = _num(bg.get("checkpoints_req")), _num(bg.get("checkpoints_timed"))
-        written = _num(bg.get("buffers_checkpoint"))
+        req, timed = as_number(bg.get("checkpoints_req")), as_number(bg.get("checkpoints_timed"))
+        written = as_number(bg.get("buffers_checkpoint"))
     duration = _duration(doc)
     if req <= 0 or duration <= 0:
         return []
     per_min = 60 * req / duration
     wal = _stats(doc, "wal") or {}
     wal_bytes, fpi, records = (
-        _num(wal.get("wal_bytes")),
-        _num(wal.get("wal_fpi")),
-        _num(wal.get("wal_records")),
+        as_number(wal.get("wal_bytes")),
+        as_number(wal.get("wal_fpi")),
+        as_number(wal.get("wal_records")),
     )
     evidence = [
         f"{_n(req)} requested and {_n(timed)} timed checkpoints in {_secs(duration)} "
@@ -1199,7 +1199,7 @@ TEMP_BYTES_MEDIUM_PER_S = 10 * 1024 * 1024
 def temp_files(doc: Doc) -> list[Finding]:
     """Temporary files written: sorts or hashes larger than work_mem."""
     db = _stats(doc, "database") or {}
-    files, size = _num(db.get("temp_files")), _num(db.get("temp_bytes"))
+    files, size = as_number(db.get("temp_files")), as_number(db.get("temp_bytes"))
     duration = _duration(doc)
     if files <= 0 and size <= 0:
         return []
@@ -1228,7 +1228,7 @@ DEADLOCKS_HIGH = 10
 @rule
 def deadlocks(doc: Doc) -> list[Finding]:
     db = _stats(doc, "database") or {}
-    n = _num(db.get("deadlocks"))
+    n = as_number(db.get("deadlocks"))
     if n <= 0:
         return []
     return [
@@ -1258,7 +1258,7 @@ BLCKSZ = 8192
 @rule
 def cache_hit_ratio(doc: Doc) -> list[Finding]:
     db = _stats(doc, "database") or {}
-    hit, read = _num(db.get("blks_hit")), _num(db.get("blks_read"))
+    hit, read = as_number(db.get("blks_hit")), as_number(db.get("blks_read"))
     if hit + read < CACHE_MIN_BLOCKS or read <= 0:
         return []
     ratio = 100 * hit / (hit + read)
@@ -1271,12 +1271,14 @@ def cache_hit_ratio(doc: Doc) -> list[Finding]:
     ]
     statements = (_section(doc, "stats") or {}).get("statements")
     if isinstance(statements, list):
-        readers = [s for s in statements if isinstance(s, dict) and _num(s.get("shared_blks_read"))]
+        readers = [
+            s for s in statements if isinstance(s, dict) and as_number(s.get("shared_blks_read"))
+        ]
         if readers:
-            top = max(readers, key=lambda s: _num(s.get("shared_blks_read")))
+            top = max(readers, key=lambda s: as_number(s.get("shared_blks_read")))
             evidence.append(
                 f"most blocks read: {_short(str(top.get('query', '')))} "
-                f"({_n(_num(top.get('shared_blks_read')))} blocks)"
+                f"({_n(as_number(top.get('shared_blks_read')))} blocks)"
             )
     return [
         Finding(
@@ -1311,12 +1313,12 @@ def backend_writes(doc: Doc) -> list[Finding]:
     bg = _stats(doc, "bgwriter") or {}
     if "buffers_backend" not in bg:  # PostgreSQL 17 moved it to pg_stat_io
         return []
-    backend = _num(bg.get("buffers_backend"))
+    backend = as_number(bg.get("buffers_backend"))
     written = (
         backend
-        + _num(bg.get("buffers_clean"))
-        + _num(bg.get("buffers_checkpoint"))
-        + _num((_stats(doc, "checkpointer") or {}).get("buffers_written"))
+        + as_number(bg.get("buffers_clean"))
+        + as_number(bg.get("buffers_checkpoint"))
+        + as_number((_stats(doc, "checkpointer") or {}).get("buffers_written"))
     )
     if backend < BACKEND_WRITES_MIN or written <= 0:
         return []
@@ -1324,7 +1326,7 @@ def backend_writes(doc: Doc) -> list[Finding]:
     severity = _severity(share, 101.0, BACKEND_WRITES_MEDIUM_PCT, BACKEND_WRITES_LOW_PCT)
     if severity is None:
         return []
-    maxwritten = _num(bg.get("maxwritten_clean"))
+    maxwritten = as_number(bg.get("maxwritten_clean"))
     return [
         Finding(
             id="stats.backend-writes",
@@ -1334,9 +1336,9 @@ def backend_writes(doc: Doc) -> list[Finding]:
             evidence=_join(
                 [
                     f"pg_stat_bgwriter: buffers_backend {_n(backend)}, buffers_clean "
-                    f"{_n(_num(bg.get('buffers_clean')))}, buffers_checkpoint "
-                    f"{_n(_num(bg.get('buffers_checkpoint')))}",
-                    f"buffers_alloc {_n(_num(bg.get('buffers_alloc')))}",
+                    f"{_n(as_number(bg.get('buffers_clean')))}, buffers_checkpoint "
+                    f"{_n(as_number(bg.get('buffers_checkpoint')))}",
+                    f"buffers_alloc {_n(as_number(bg.get('buffers_alloc')))}",
                     f"bgwriter stopped at bgwriter_lru_maxpages {_n(maxwritten)} times"
                     if maxwritten
                     else "",
@@ -1358,7 +1360,7 @@ WAL_BUFFERS_FULL_MEDIUM_PER_S = 10.0
 @rule
 def wal_buffers_full(doc: Doc) -> list[Finding]:
     wal = _stats(doc, "wal") or {}
-    n = _num(wal.get("wal_buffers_full"))
+    n = as_number(wal.get("wal_buffers_full"))
     if n <= 0:
         return []
     duration = _duration(doc)
@@ -1369,7 +1371,7 @@ def wal_buffers_full(doc: Doc) -> list[Finding]:
             severity="medium" if rate >= WAL_BUFFERS_FULL_MEDIUM_PER_S else "low",
             title=f"WAL buffers were full {_n(n)} times: backends wrote WAL themselves",
             evidence=f"pg_stat_wal.wal_buffers_full rose by {_n(n)} in {_secs(duration)} "
-            f"({_n(rate)}/s); WAL {_bytes(_num(wal.get('wal_bytes')))} in the window",
+            f"({_n(rate)}/s); WAL {_bytes(as_number(wal.get('wal_bytes')))} in the window",
             next_step="raise wal_buffers (the default, 1/32 of shared_buffers, stops at 16MB; "
             "64MB suits heavy writers; needs a restart)",
             magnitude=min(100.0, 10 * rate),
@@ -1386,7 +1388,7 @@ ROLLBACK_MIN = 100
 @rule
 def rollbacks(doc: Doc) -> list[Finding]:
     db = _stats(doc, "database") or {}
-    commits, rb = _num(db.get("xact_commit")), _num(db.get("xact_rollback"))
+    commits, rb = as_number(db.get("xact_commit")), as_number(db.get("xact_rollback"))
     if rb < ROLLBACK_MIN or commits + rb <= 0:
         return []
     share = 100 * rb / (commits + rb)
@@ -1415,7 +1417,7 @@ CONNECTIONS_NEAR_LIMIT_PCT = 90.0
 @rule
 def connections(doc: Doc) -> list[Finding]:
     clients = _max_clients(doc)
-    max_conn = _num(_meta(doc).get("max_connections"))
+    max_conn = as_number(_meta(doc).get("max_connections"))
     if clients is None or max_conn <= 0:
         return []
     share = 100 * clients / max_conn
@@ -1449,11 +1451,11 @@ def dominant_statement(doc: Doc) -> list[Finding]:
     if not isinstance(statements, list):
         return []
     rows = [s for s in statements if isinstance(s, dict)]
-    total = sum(_num(s.get("total_ms")) for s in rows)
+    total = sum(as_number(s.get("total_ms")) for s in rows)
     if total <= 0:
         return []
-    top = max(rows, key=lambda s: _num(s.get("total_ms")))
-    share = 100 * _num(top.get("total_ms")) / total
+    top = max(rows, key=lambda s: as_number(s.get("total_ms")))
+    share = 100 * as_number(top.get("total_ms")) / total
     if share < STATEMENT_DOMINANT_PCT:
         return []
     return [
@@ -1462,9 +1464,10 @@ def dominant_statement(doc: Doc) -> list[Finding]:
             severity="low",
             title=f"One statement takes {_pct(share)} of statement time: "
             f"{_short(str(top.get('query', '')), 70)}",
-            evidence=f"{_n(_num(top.get('calls')))} calls, {_n(_num(top.get('total_ms')))} ms "
-            f"in total, {_n(_num(top.get('mean_ms')))} ms each (pg_stat_statements, top "
-            f"{len(rows)} statements of the window)",
+            evidence=f"{_n(as_number(top.get('calls')))} calls, "
+            f"{_n(as_number(top.get('total_ms')))} ms in total, "
+            f"{_n(as_number(top.get('mean_ms')))} ms each "
+            f"(pg_stat_statements, top {len(rows)} statements of the window)",
             next_step="EXPLAIN (ANALYZE, BUFFERS) it; if its time is waiting rather than "
             "running (see the wait events), look for the rows or locks it shares",
             magnitude=share,
@@ -1504,7 +1507,7 @@ def capture_losses(doc: Doc) -> list[Finding]:
     losses = _meta(doc).get("losses")
     if not isinstance(losses, dict):
         return []
-    lost = {k: _num(v) for k, v in losses.items() if _num(v) > 0}
+    lost = {k: as_number(v) for k, v in losses.items() if as_number(v) > 0}
     if not lost:
         return []
     what = ", ".join(f"{_n(v)} {k}" for k, v in lost.items())
@@ -1524,7 +1527,7 @@ def capture_losses(doc: Doc) -> list[Finding]:
 
 @rule
 def capture_unresolved(doc: Doc) -> list[Finding]:
-    pct = _num(_meta(doc).get("unresolved_pct"))
+    pct = as_number(_meta(doc).get("unresolved_pct"))
     profile = _profile(doc)
     if pct < UNRESOLVED_PCT or profile is None:
         return []
@@ -1570,15 +1573,15 @@ def _nothing_stands_out(doc: Doc) -> Finding:
         facts.append(f"{_n(active)} backends active on average")
     lw = _rows(doc, "lwlocks")
     if lw or doc.get("lwlocks") is not None:
-        total = sum(_num(r.get("total_us")) for r in lw) / 1e6
+        total = sum(as_number(r.get("total_us")) for r in lw) / 1e6
         facts.append(f"{_secs(total)} of LWLock waits")
     flame = _section(doc, "flame")
     if flame:
-        facts.append(f"{_n(_num(flame.get('samples')))} CPU samples")
+        facts.append(f"{_n(as_number(flame.get('samples')))} CPU samples")
     db = _stats(doc, "database")
     duration = _duration(doc)
     if db and duration:
-        facts.append(f"{_n(_num(db.get('xact_commit')) / duration)} commits/s")
+        facts.append(f"{_n(as_number(db.get('xact_commit')) / duration)} commits/s")
     return Finding(
         id="nothing",
         severity="info",

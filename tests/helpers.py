@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,3 +76,17 @@ def perf_event_fds(pid: int) -> int:
         except OSError:
             continue
     return count
+
+
+TRIAGE_FIXTURES = Path(__file__).parent / "fixtures" / "triage"
+
+
+@functools.cache
+def _recorded_triage(name: str) -> str:
+    return (TRIAGE_FIXTURES / f"{name}.json").read_text(encoding="utf-8")
+
+
+def load_triage(name: str) -> dict[str, Any]:
+    """A fresh copy of a recorded triage document (tests may edit it)."""
+    doc: dict[str, Any] = json.loads(_recorded_triage(name))
+    return doc

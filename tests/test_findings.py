@@ -19,27 +19,15 @@ import copy
 import json
 import math
 import re
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import load_triage
 
 from pgprobe import findings
 from pgprobe.findings import Finding, evaluate
 
-FIXTURES = Path(__file__).parent / "fixtures" / "triage"
-
-
-@cache
-def _recorded(name: str) -> str:
-    return (FIXTURES / f"{name}.json").read_text(encoding="utf-8")
-
-
-def load(name: str) -> dict[str, Any]:
-    """A fresh copy of a recorded document (tests may edit it)."""
-    doc: dict[str, Any] = json.loads(_recorded(name))
-    return doc
+load = load_triage
 
 
 def found(doc: dict[str, Any], prefix: str = "") -> dict[str, Finding]:

@@ -15,17 +15,16 @@ and the timeline must have bars. Screenshots go to tests/artifacts/ for a person
 
 from __future__ import annotations
 
-import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from functools import cache
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 from browser import ARTIFACTS, headless_chromium
+from helpers import load_triage
 
 from pgprobe.findings import SECTIONS
 from pgprobe.render.flamegraph import XPAD, render_svg
@@ -39,14 +38,7 @@ EVIL_QUERY = (
 )
 
 
-@cache
-def _recorded(name: str) -> str:
-    return (FIXTURES / f"{name}.json").read_text(encoding="utf-8")
-
-
-def load(name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(_recorded(name))
-    return doc
+load = load_triage
 
 
 class Page(HTMLParser):

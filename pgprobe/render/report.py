@@ -159,15 +159,7 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True).replace("://", "&#58;//")
 
 
-def _num(value: Any) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
+_num = findings.as_number
 
 
 def _int(value: Any) -> str:
