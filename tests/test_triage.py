@@ -80,7 +80,8 @@ def test_every_section_has_real_data(triage_run: dict[str, Any]) -> None:
     assert doc["hot"]["rows"] and doc["flame"]["samples"] > 0
     assert sum(doc["flame"]["folded"].values()) == doc["flame"]["samples"]
     xact = [r for r in doc["clog_reads"]["rows"] if r["slru"] == "pg_xact"]
-    assert xact and all(r["bytes"] == r["reads"] * 8192 for r in xact)
+    assert xact, (doc["clog_reads"]["meta"], doc["stats"]["slru"], doc["meta"]["warnings"])
+    assert all(r["bytes"] == r["reads"] * 8192 for r in xact)
     assert len(doc["activity"]["samples"]) >= 5
     assert doc["activity"]["wait_profile"]
     assert doc["stats"]["database"]["xact_commit"] > 0

@@ -139,6 +139,7 @@ class BpftraceCapture:
             duration,
             self.info,
             benign_stderr=BENIGN_STDERR,
+            ends_output=_ends_output,
         )
 
     def request_stop(self) -> None:
@@ -165,6 +166,15 @@ class BpftraceCapture:
             raise PgprobeError(f"bpftrace failed: {explain(problems)}", EXIT_TRACER)
         self.info.warnings.append(f"bpftrace exited with status {returncode}")
         self.info.warnings.extend(problems)
+
+
+def _ends_output(raw: bytes) -> bool:
+    """After SIGINT: END's time marker or a map means bpftrace is printing its results.
+
+    (Trace lines, printf, may still be flowing from before the signal.)
+    """
+    return raw.startswith((b'{"type": "time"', b'{"type": "map"', b'{"type": "hist"',
+                           b'{"type": "stats"'))  # fmt: skip
 
 
 _LOST = re.compile(r"Lost (\d+) events")

@@ -42,6 +42,7 @@ class TracerProcess:
         benign_stderr: tuple[str, ...] = (),
         resend_sigint: bool = True,
         kill_after_s: float = STOP_KILL_S,
+        ends_output: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -51,6 +52,9 @@ class TracerProcess:
         self.benign_stderr = benign_stderr
         self.resend_sigint = resend_sigint
         self.kill_after_s = kill_after_s
+        # A stdout line that shows the tracer is printing its final output after SIGINT.
+        self.ends_output = ends_output or (lambda raw: bool(raw.strip()))
+        self._ending = False
         self.on_tick: TickCallback | None = None
         self.stderr: list[str] = []
         self.returncode: int | None = None
@@ -75,6 +79,7 @@ class TracerProcess:
         assert child.stdout is not None and child.stderr is not None
         reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
         reader.start()
+        feed = _recording(feed, self.name, child.pid)
         with _StopSignals() as signals:
             try:
                 yield from self._pump(child, feed, signals, started)
@@ -107,6 +112,8 @@ class TracerProcess:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for raw in lines:
+                    if signalled_at is not None and not self._ending:
+                        self._ending = self.ends_output(raw)
                     yield from feed(raw)
             now = time.monotonic()
             if attached_at is None and self.info.probes_attached:
@@ -139,7 +146,8 @@ class TracerProcess:
         """Repeat SIGINT until the tracer exits (if asked), and kill it if it never does.
 
         bpftrace 0.17 only notices SIGINT when the signal interrupts its epoll_wait;
-        one sent while it is busy elsewhere can be missed, so it is sent again.
+        one sent while it is busy elsewhere can be missed, so it is sent again — but
+        only until it starts printing its maps: a SIGINT then cuts the output short.
         DTrace must get one only: a second SIGINT makes it quit without its END output.
         """
         if child.poll() is not None:
@@ -151,7 +159,9 @@ class TracerProcess:
                 f"{self.name} did not stop within {self.kill_after_s:.0f} s of SIGINT and was "
                 "killed: its maps are lost"
             )
-        elif self.resend_sigint and waited > STOP_RESEND_S * (self._resends + 1):
+        elif (
+            self.resend_sigint and not self._ending and waited > STOP_RESEND_S * (self._resends + 1)
+        ):
             self._resends += 1
             child.send_signal(signal.SIGINT)
 
@@ -176,6 +186,23 @@ def _stop_with_parent() -> None:
     """
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _recording(
+    feed: Callable[[bytes], Iterable[Event]], name: str, pid: int
+) -> Callable[[bytes], Iterable[Event]]:
+    """With $PGPROBE_RECORD_DIR set, also keep the tracer's raw output (for bug reports)."""
+    directory = os.environ.get("PGPROBE_RECORD_DIR")
+    if not directory:
+        return feed
+    out = open(os.path.join(directory, f"{name}-{pid}.out"), "ab")  # noqa: SIM115
+
+    def recorded(raw: bytes) -> Iterable[Event]:
+        out.write(raw + b"\n")
+        out.flush()
+        return feed(raw)
+
+    return recorded
 
 
 class _StopSignals:
