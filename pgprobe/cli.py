@@ -35,7 +35,7 @@ COMMANDS = [lwlocks, clog_reads, backends, doctor, flame, hot, triage]
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="pgprobe",
-        description="See inside running PostgreSQL backends with eBPF (bpftrace).",
+        description="See inside running PostgreSQL backends with bpftrace (Linux) or DTrace.",
     )
     parser.add_argument("--version", action="version", version=f"pgprobe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
