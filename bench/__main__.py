@@ -27,13 +27,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--pairs", type=int, help="pairs per tool and workload (default 5)")
     parser.add_argument(
-        "--seconds", type=int, help="window length (default: the longest of 5-10 s that fits)"
+        "--seconds", type=int, help="window length (default: the longest of 4-10 s that fits)"
     )
     parser.add_argument(
         "--minutes",
         type=float,
-        default=18.0,
-        help="time to plan the full run for when choosing the window length (default 18)",
+        default=17.0,
+        help="time to plan the full run for when choosing the window length (default 17)",
     )
     parser.add_argument(
         "--wait-quiet",
@@ -95,8 +95,8 @@ def plan(args: argparse.Namespace, configs: int, workloads: int) -> tuple[int, i
     elif args.quick:
         seconds = 3
     else:
-        seconds = 5
-        for s in range(10, 4, -1):
+        seconds = 4
+        for s in range(10, 3, -1):
             total = fixed + workloads * overhead.planned_seconds(configs, pairs, s, warmup)
             if total <= args.minutes * 60:
                 seconds = s

@@ -344,10 +344,10 @@ class Tracer:
         self.failures = 0  # counted runs that failed; after 2 the configuration is skipped
 
     def attach_wait(self) -> float:
-        """How long to wait after the tracer appears: twice the longest attach seen."""
+        """How long to wait after the tracer appears: 1.5 x the longest attach seen + 0.3 s."""
         if not self.attach_seen:
             return 1.0
-        return min(5.0, max(0.3, 2 * max(self.attach_seen) + 0.2))
+        return min(12.0, max(0.3, 1.5 * max(self.attach_seen) + 0.3))
 
     def argv(self, duration: int, perf_data: Path) -> list[str]:
         if self.config.kind == "perf":
@@ -679,6 +679,8 @@ def describe(pair: Pair) -> str:
     )
 
 
+MIN_FIRES_FOR_COST = 1000.0
+
 # -- summaries -------------------------------------------------------------------------------
 
 
@@ -711,7 +713,13 @@ class Summary:
 
     @property
     def extra_cpu_us_per_fire(self) -> float | None:
-        return common.median(self.per_fire_us)
+        """Median of the pairs; only where probes fire often enough (1,000/s) for the
+        cost to stand out of the noise, and only a positive cost."""
+        fires = self.med("fires_per_s")
+        value = common.median(self.per_fire_us)
+        if value is None or fires is None or fires < MIN_FIRES_FOR_COST or value <= 0:
+            return None
+        return value
 
 
 def summarize(result: WorkloadResult, configs: list[Config]) -> list[Summary]:

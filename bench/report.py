@@ -159,8 +159,9 @@ def cost_table(run: Run) -> list[str]:
     lines = [
         "| tool | workload | CPU/transaction traced/untraced median [min–max] "
         "| probe fires/s | BPF ns/fire | extra CPU µs/fire "
-        "| tool CPU % | pgprobe start s | bpftrace attach s | bpftrace RSS MiB | lost |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| tool CPU % | pgprobe start s | bpftrace attach s | bpftrace RSS MiB | lost "
+        "| seconds dropped |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in run.summaries:
         if not s.runs:
@@ -172,7 +173,8 @@ def cost_table(run: Run) -> list[str]:
             f"| {_f(s.med('bpf_ns_per_fire'), ',.0f')} | {_f(s.extra_cpu_us_per_fire, '.2f')} "
             f"| {_f(s.med('tool_cpu_pct'), '.1f')} | {_f(s.med('spawn_s'), '.2f')} "
             f"| {_f(s.med('attach_s'), '.2f')} "
-            f"| {_f(s.peak('tracer_rss_mib'), '.0f')} | {lost:,} |"
+            f"| {_f(s.peak('tracer_rss_mib'), '.0f')} | {lost:,} "
+            f"| {sum(r.dropped_intervals for r in s.runs)} |"
         )
     return lines
 
@@ -242,12 +244,15 @@ def load_section(run: Run) -> list[str]:
         f"{run.quiet}",
     ]
     for w in run.workloads:
-        others = ", ".join(sorted(w.foreign_processes)) or "none"
+        kinds: dict[str, int] = {}
+        for proc in w.foreign_processes:
+            kinds[proc.split("[")[0]] = kinds.get(proc.split("[")[0], 0) + 1
+        others = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
         lines.append(
             f"- {w.workload.label}: {w.elapsed_s / 60:.1f} min; other processes used "
             f"{_f(w.foreign_cpu_pct, '.1f', ' %')} of the machine's CPU time (all CPU time "
-            "less the cluster's, pgbench's and the tools'); other pgbench/bpftrace/perf "
-            f"processes seen: {others}."
+            "less the cluster's, pgbench's and the tools'); other sessions' pgbench/bpftrace/perf "
+            f"processes seen between windows: {others}."
         )
     return lines
 
