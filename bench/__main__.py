@@ -23,7 +23,9 @@ RENDER_SYMBOLIZE_S = 45.0
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__)
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 1 pair of 3 s windows (~2 minutes)"
+        "--quick",
+        action="store_true",
+        help="smoke run: 1 pair of 3 s windows, TPC-B only (~2 minutes)",
     )
     parser.add_argument("--pairs", type=int, help="pairs per tool and workload (default 5)")
     parser.add_argument(
@@ -44,7 +46,9 @@ def parse_args() -> argparse.Namespace:
         "other pgbench/bpftrace/perf), checking every minute",
     )
     parser.add_argument("--tools", help="comma-separated configuration keys (lwlocks,flame-99,...)")
-    parser.add_argument("--workloads", default="tpcb,select", help="tpcb,select")
+    parser.add_argument(
+        "--workloads", help="tpcb,select (default: both; --quick: tpcb, which has LWLock waits)"
+    )
     parser.add_argument("--no-perf", action="store_true", help="skip the perf record anchor")
     parser.add_argument("--no-overhead", action="store_true", help="skip the pgbench rounds")
     parser.add_argument("--no-render", action="store_true", help="skip the render benchmark")
@@ -144,7 +148,8 @@ def _run(
     if args.tools:
         wanted = set(args.tools.split(","))
         configs = [c for c in configs if c.key in wanted]
-    workloads = [w for w in overhead.WORKLOADS if w.key in args.workloads.split(",")]
+    keys = (args.workloads or ("tpcb" if args.quick else "tpcb,select")).split(",")
+    workloads = [w for w in overhead.WORKLOADS if w.key in keys]
     pairs, seconds, warmup = plan(args, len(configs), len(workloads))
     for note in notes:
         common.log(f"note: {note}")
