@@ -8,6 +8,7 @@ bpftrace gets SIGINT, prints its maps, and those are still reported.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -60,6 +61,7 @@ def find_bpftrace() -> str:
     return found
 
 
+@functools.lru_cache(maxsize=4)
 def bpftrace_version(bpftrace: str) -> str:
     try:
         out = subprocess.run(
