@@ -309,10 +309,13 @@ def test_interval_summaries_each_with_their_pg_stat_slru_delta(workload: Workloa
     for doc in docs:
         assert doc["meta"]["interval"] == 1
         assert doc["meta"]["slru_stats"]["pg_xact"]["name"] == XACT
-    for doc in docs[:-1]:
-        assert 0 < doc["meta"]["slru_stats_window_s"] < 3
-    # What was left at exit: right after the last full interval it can be (almost) nothing.
-    assert 0 <= docs[-1]["meta"]["slru_stats_window_s"] < 3
+    # Each summary's pg_stat_slru window runs from the previous summary to this one, as
+    # pgprobe receives them; bpftrace can deliver two back to back (an interval that fires
+    # while it stops, then its exit maps), so one window may be almost nothing, but
+    # together they cover the capture.
+    windows = [doc["meta"]["slru_stats_window_s"] for doc in docs]
+    assert all(0 <= w < 3 for w in windows), windows
+    assert 2.5 <= sum(windows) <= 6, windows
 
 
 @pytest.mark.integration
