@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import common, overhead, render, report, symbolize
+from bench import common, overhead, probe_cost, render, report, symbolize
 from pgprobe.sandbox import PgCluster
 
 QUIET_LOAD = 0.7
@@ -53,6 +53,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-overhead", action="store_true", help="skip the pgbench rounds")
     parser.add_argument("--no-render", action="store_true", help="skip the render benchmark")
     parser.add_argument("--no-symbolize", action="store_true", help="skip symbolizing")
+    parser.add_argument(
+        "--no-probe-cost", action="store_true", help="skip the per-fire mechanism cost"
+    )
     parser.add_argument(
         "-o",
         "--output",
@@ -182,6 +185,11 @@ def _run(
                 common.log("symbolize: 100,000 raw stacks...")
                 run.symbolize = symbolize.run(int(str(row[0])))
             common.log(f"  {run.symbolize}")
+        if not args.no_probe_cost:
+            common.log("probe cost: uprobe and syscall tracepoint, ns per fire...")
+            run.probe_cost = probe_cost.run()
+            for m in run.probe_cost.mechanisms:
+                common.log(f"  {m.name}: {m.ns_per_fire} ns/fire")
         if not args.no_render:
             common.log("render: 50,000 stacks to SVG...")
             run.render = render.run(workdir, runs=3 if args.quick else 7)
@@ -207,11 +215,11 @@ def _run(
     common.log(f"\nwrote {args.output} ({run.elapsed_min:.1f} min)")
     for line in report.overhead_table(run):
         common.log(line)
-    missed = [b for b in report.budgets(run) if not b.met]
+    missed = [b for b in report.budgets(run) if b.verdict != "met"]
     if missed:
-        common.log("\nbudgets missed:")
+        common.log("\nbudgets missed or undecided:")
         for b in missed:
-            common.log(f"  {b.what}: {b.measured} (budget {b.limit})")
+            common.log(f"  {b.what}: {b.measured} (budget {b.limit}): {b.verdict}")
     else:
         common.log("\nall budgets met")
     return 0

@@ -113,6 +113,23 @@ def machine_cpu_s() -> tuple[float, float]:
     return (total - idle) / CLK_TCK, total / CLK_TCK
 
 
+def context_switches() -> tuple[int, float]:
+    """(context switches of the whole machine since boot, monotonic time), from /proc/stat.
+
+    sched_switch-based probes fire once per switch: this is their fire rate.
+    """
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("ctxt "):
+                return int(line.split()[1]), time.monotonic()
+    return 0, time.monotonic()
+
+
+def switches_per_s(before: tuple[int, float], after: tuple[int, float]) -> float:
+    elapsed = after[1] - before[1]
+    return (after[0] - before[0]) / elapsed if elapsed > 0 else 0.0
+
+
 def children(pid: int) -> list[int]:
     """Live children of pid, started by any of its threads."""
     out: list[int] = []

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import common
+from bench import common, stats
 from bench.runtool import ENV as RUSAGE_ENV
 from pgprobe.sandbox import PgCluster
 
@@ -223,6 +223,7 @@ class Window:
     seconds: float
     intervals: int
     busy_cpus: float = 0.0  # CPUs busy machine-wide during the window (of common.NCPU)
+    switches_per_s: float = 0.0  # context switches of the machine (sched_switch fires)
     # CPU seconds of the cluster's processes and pgbench in the window (plus, traced, the
     # tool's: pgprobe and bpftrace; BPF programs and uprobe traps run in the backends)
     cpu_s: float = 0.0
@@ -237,13 +238,16 @@ def untraced_window(bench: Pgbench, seconds: int) -> Window:
     b = bench.next_boundary(time.time() + 0.05)
     common.sleep_until(b)
     busy0, total0 = common.machine_cpu_s()
+    switches0 = common.context_switches()
     work0 = bench.workload_cpu_s()
     common.sleep_until(b + seconds)
     bench.wait_report(b + seconds - 0.5)
     busy1, total1 = common.machine_cpu_s()
+    switches = common.switches_per_s(switches0, common.context_switches())
     w = bench.window(b + 1, b + seconds)
     w.cpu_s = bench.workload_cpu_s() - work0
     w.busy_cpus = (busy1 - busy0) / (total1 - total0) * common.NCPU if total1 > total0 else 0
+    w.switches_per_s = switches
     return w
 
 
@@ -331,6 +335,7 @@ class _Times:
     tool_cpu_s: float = 0.0
     work_cpu_s: float = 0.0  # the cluster's and pgbench's CPU in the window
     bpf: tuple[int, int] = (0, 0)  # BPF run count and run time (ns) in the window
+    switches_per_s: float = 0.0  # context switches of the machine in the window
 
 
 class Tracer:
@@ -443,10 +448,12 @@ class Tracer:
         t.last_end = start_of_window + seconds
         common.sleep_until(start_of_window)
         cpu0, bpf0, busy0 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        switches0 = common.context_switches()
         work0 = bench.workload_cpu_s()
         common.sleep_until(t.last_end)
         bench.wait_report(t.last_end - 0.5)
         cpu1, bpf1, busy1 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        t.switches_per_s = common.switches_per_s(switches0, common.context_switches())
         t.work_cpu_s = bench.workload_cpu_s() - work0
         if child.poll() is not None:
             result.ok = False
@@ -472,6 +479,7 @@ class Tracer:
         window = bench.window(t.first_end, t.last_end, not_before=attached)
         result.dropped_intervals = (round(t.last_end - t.first_end) + 1) - window.intervals
         window.busy_cpus = t.busy[0] / t.busy[1] * common.NCPU if t.busy[1] else 0.0
+        window.switches_per_s = t.switches_per_s
         window.cpu_s = t.work_cpu_s + t.tool_cpu_s
         result.window = window
         span = t.last_end - (t.first_end - 1)
@@ -706,6 +714,11 @@ class Summary:
     @property
     def ratio(self) -> float | None:
         return common.median(self.ratios)
+
+    @property
+    def interval(self) -> stats.Interval | None:
+        """The ratio's geometric mean with its 95 % confidence interval (2+ pairs)."""
+        return stats.ratio_interval(self.ratios)
 
     @property
     def cpu_ratio(self) -> float | None:
