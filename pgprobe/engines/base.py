@@ -106,7 +106,8 @@ class Log2Hist:
         return sum(c for _, _, c in self.buckets)
 
 
-AggValue = int | Stats | Log2Hist
+# tuple[int, ...]: a map whose values are tuples of integers (bpftrace; per-task state).
+AggValue = int | Stats | Log2Hist | tuple[int, ...]
 
 
 @dataclass(frozen=True)

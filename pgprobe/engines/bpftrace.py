@@ -280,6 +280,8 @@ def parse_value(kind: str, value: Any) -> AggValue:
         return Stats(count=int(value["count"]), total=int(value["total"]))
     if kind == "hist":
         return Log2Hist(tuple(_bucket(b) for b in value))
+    if isinstance(value, list):  # a tuple value
+        return tuple(int(v) for v in value)
     return int(value)
 
 

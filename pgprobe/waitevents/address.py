@@ -39,12 +39,12 @@ def symbol_value(binary: str, name: str = SYMBOL) -> int | None:
     """st_value of a defined object symbol in .dynsym (else .symtab), None when absent."""
     try:
         with open(binary, "rb") as stream:
-            elf = ELFFile(stream)  # type: ignore[no-untyped-call]
+            elf = ELFFile(stream)
             for section_name in (".dynsym", ".symtab"):
-                section = elf.get_section_by_name(section_name)  # type: ignore[no-untyped-call]
+                section = elf.get_section_by_name(section_name)
                 if not isinstance(section, SymbolTableSection):
                     continue
-                for sym in section.get_symbol_by_name(name) or []:  # type: ignore[no-untyped-call]
+                for sym in section.get_symbol_by_name(name) or []:
                     if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                         return int(sym["st_value"])
     except (OSError, ELFError) as exc:
@@ -55,9 +55,9 @@ def symbol_value(binary: str, name: str = SYMBOL) -> int | None:
 def first_load_vaddr(binary: str) -> tuple[bool, int]:
     """(is a PIE/shared object, p_vaddr of the PT_LOAD at file offset 0, page aligned)."""
     with open(binary, "rb") as stream:
-        elf = ELFFile(stream)  # type: ignore[no-untyped-call]
+        elf = ELFFile(stream)
         pie = elf["e_type"] == "ET_DYN"
-        for seg in elf.iter_segments():  # type: ignore[no-untyped-call]
+        for seg in elf.iter_segments():
             if seg["p_type"] == "PT_LOAD" and seg["p_offset"] == 0:
                 return pie, int(seg["p_vaddr"]) & ~(PAGE - 1)
     return pie, 0

@@ -92,8 +92,9 @@ def normal(text: str) -> str:
 def binary_strings(binary: Path) -> dict[str, set[str]]:
     """Identifier-like strings of the binary's read-only data, by normal form."""
     with open(binary, "rb") as stream:
-        elf = ELFFile(stream)  # type: ignore[no-untyped-call]
-        data = elf.get_section_by_name(".rodata").data()  # type: ignore[no-untyped-call]
+        elf = ELFFile(stream)
+        rodata = elf.get_section_by_name(".rodata")
+        data = rodata.data() if rodata is not None else b""
     found: dict[str, set[str]] = defaultdict(set)
     for raw in data.split(b"\0"):
         if 2 <= len(raw) <= 64 and re.fullmatch(rb"[A-Za-z][A-Za-z0-9_]*", raw):
@@ -187,11 +188,11 @@ def build(version_dir: Path, major: int) -> dict[str, object]:
     names_h = (server / "storage" / "lwlocknames.h").read_text()
     list_h = server / "storage" / "lwlocklist.h"
     if list_h.exists():
-        singles = [(int(n), name) for n, name in
-                   re.findall(r"^PG_LWLOCK\((\d+),\s*(\w+)\)", list_h.read_text(), re.M)]  # fmt: skip
+        found = re.findall(r"^PG_LWLOCK\((\d+),\s*(\w+)\)", list_h.read_text(), re.M)
+        singles = [(int(n), name) for n, name in found]
     else:
-        singles = [(int(n), name.removesuffix("Lock")) for name, n in
-                   re.findall(r"#define\s+(\w+)\s+\(&MainLWLockArray\[(\d+)\]\.lock\)", names_h)]  # fmt: skip
+        found = re.findall(r"#define\s+(\w+)\s+\(&MainLWLockArray\[(\d+)\]\.lock\)", names_h)
+        singles = [(int(n), name.removesuffix("Lock")) for name, n in found]
     for number, name in singles:
         events[lwlock | number] = ("LWLock", name)
     num_individual = int(re.findall(r"#define\s+NUM_INDIVIDUAL_LWLOCKS\s+(\d+)", names_h)[0])

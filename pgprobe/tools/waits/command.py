@@ -1,0 +1,117 @@
+"""`pgprobe waits`: where the time of every PostgreSQL process goes (thin CLI glue)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pgprobe import proc
+from pgprobe.discover import Targets
+from pgprobe.engines.base import RunInfo, Snapshot
+from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.tools import common
+from pgprobe.tools.waits import probe, records, view
+from pgprobe.waitevents import address
+
+NAME = "waits"
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="time model: on CPU, waiting for a CPU, each wait event",
+        description="Where the time of the targets goes, exactly, from the scheduler and "
+        "PostgreSQL's own wait_event_info (14+, any build): on CPU, runqueue, each wait "
+        "event as pg_stat_activity names it, idle, not accounted.",
+    )
+    common.add_tracing_arguments(parser, default_duration=10)
+    parser.add_argument("--by", choices=["pid"], help="one time model per process")
+    parser.add_argument(
+        "--interval",
+        type=common.positive_int,
+        metavar="N",
+        help="print a fresh table every N seconds until the duration ends",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    by_pid = ns.by == "pid"
+    if ns.interval and ns.interval > ns.duration:
+        raise PgprobeError(
+            f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
+            EXIT_USAGE,
+        )
+    if getattr(ns, "engine", "auto") == "dtrace":
+        raise PgprobeError("waits has no DTrace script yet (d/waits.d): use bpftrace", EXIT_USAGE)
+    targets = common.prepare(ns, probe.check_server)
+    cluster = targets.cluster
+    where = address.find(cluster.postmaster_pid, cluster.binary)
+    capture = common.capture(
+        ns, probe.SCRIPT, probe.script_args(targets, where, ns.interval), probe.MAPS, env=probe.ENV
+    )
+    for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
+        common.refresh_if_needed(targets, snapshot.final)
+        emit(ns, snapshot, info, targets, by_pid, where)
+    return 0
+
+
+def ours(targets: Targets) -> Any:
+    postmaster = targets.cluster.postmaster_pid
+    wanted = None if targets.whole_cluster else set(targets.pids)
+
+    def is_ours(pid: int) -> bool:
+        if wanted is not None:
+            return pid in wanted
+        if pid == postmaster or pid in targets.pids:
+            return True
+        info = proc.read_info(pid)
+        return info is not None and info.ppid == postmaster
+
+    return is_ours
+
+
+def describe(targets: Targets) -> records.Describe:
+    def named(pid: int) -> tuple[str, str]:
+        if pid == targets.cluster.postmaster_pid:
+            return "postmaster", ""
+        backend = targets.describe(pid)
+        return backend.backend_type or "(exited)", backend.application_name
+
+    return named
+
+
+def emit(
+    ns: argparse.Namespace,
+    snapshot: Snapshot,
+    info: RunInfo,
+    targets: Targets,
+    by_pid: bool,
+    where: address.WaitEventAddress,
+) -> None:
+    is_ours = ours(targets)
+    procs = records.records(snapshot, targets.pids, is_ours)
+    if not targets.whole_cluster:
+        procs = [p for p in procs if p.pid in targets.pids]
+    result = records.rows(procs, targets.cluster.major, by_pid, describe(targets))
+    start, end = records.window(snapshot)
+    meta = common.meta(
+        targets,
+        info,
+        snapshot,
+        interval=ns.interval,
+        window_s=round((end - start) / 1e9, 6),
+        processes=len(procs),
+        process_seconds=round(sum(p.wall_ns for p in procs) / 1e9, 6),
+        exited_pids=[p.pid for p in procs if p.exited],
+        born_pids=[p.pid for p in procs if p.born],
+        wait_event_address=hex(where.address),
+    )
+    if ns.json:
+        common.print_json(NAME, meta, [r.as_json() for r in result])
+        return
+    title = common.title("Time model", meta) + (
+        f"; {meta['processes']} processes, {meta['process_seconds']:.1f} process-seconds"
+    )
+    view.show(title, result, by_pid, meta)
+    common.print_losses(info)
