@@ -8,8 +8,8 @@ by pid, during which, with two CPU burners saturating both CPUs:
   Lock:transactionid equals the blocked statement's duration less its CPU and
   runqueue time, +- 2 %;
 - on CPU and runqueue of three backends equal their /proc/PID/schedstat deltas
-  (fields 1 and 2) over the same window +- 2 % (the CPU-bound one: +- 5 %, see below) (50 us floor: the
-  scheduler clock and the tracepoints differ by a few us per switch);
+  (fields 1 and 2) over the same window +- 2 % (the CPU-bound one: +- 5 %, see
+  below; a 50 us floor: scheduler clock and tracepoints differ by us per switch);
 - a backend that exits during the capture is accounted and named;
 - the names pgprobe gives equal pg_stat_activity's for the same backends,
   sampled while they wait (and background processes' main-loop events).
