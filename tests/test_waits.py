@@ -140,10 +140,14 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
         def block() -> None:
             # Measured in the server (statement start to the row's update), not the
             # client: a client thread on a saturated machine waits for a CPU too.
-            row = conns["blocked"].execute(
-                "UPDATE t SET v = 2 WHERE id = 1 RETURNING "
-                "extract(epoch FROM clock_timestamp() - statement_timestamp())::float8"
-            ).fetchone()
+            row = (
+                conns["blocked"]
+                .execute(
+                    "UPDATE t SET v = 2 WHERE id = 1 RETURNING "
+                    "extract(epoch FROM clock_timestamp() - statement_timestamp())::float8"
+                )
+                .fetchone()
+            )
             blocked_s.append(float(row[0]))
 
         conns["holder"].execute("BEGIN")
