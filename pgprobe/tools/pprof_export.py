@@ -50,8 +50,11 @@ def labels(
     }
 
 
-def cpu_profile(profile: profiling.Profile) -> pprof.Profile:
-    """CPU samples and nanoseconds per (pid, stack), at the capture's Hz."""
+def cpu_profile(profile: profiling.Profile, duration_s: float | None = None) -> pprof.Profile:
+    """CPU samples and nanoseconds per (pid, stack), at the capture's Hz.
+
+    duration_s: the span the stacks cover (serve: one window), if not the whole capture.
+    """
     period_ns = round(1e9 / profile.hz)
     postmaster = profile.targets.cluster.postmaster_pid
     # Stacks of distinct addresses in the same functions are one sample here.
@@ -65,7 +68,11 @@ def cpu_profile(profile: profiling.Profile) -> pprof.Profile:
         pprof.Sample(frames, (n, n * period_ns), labels(pid, profile.describe(pid), postmaster))
         for (pid, frames), n in counts.items()
     ]
-    duration_ns = int(profile.info.duration_seconds * 1e9)
+    duration = profile.info.duration_seconds if duration_s is None else duration_s
+    duration_ns = int(duration * 1e9)
+    facts = profile.facts()
+    if duration_s is not None:
+        facts["duration"] = f"{duration_s:.1f} s"
     return pprof.build(
         samples,
         (SAMPLES, CPU_NS),
@@ -74,7 +81,7 @@ def cpu_profile(profile: profiling.Profile) -> pprof.Profile:
         period=period_ns,
         time_nanos=time.time_ns() - duration_ns,
         duration_nanos=duration_ns,
-        comments=[f"pgprobe: {k}: {v}" for k, v in profile.facts().items()],
+        comments=[f"pgprobe: {k}: {v}" for k, v in facts.items()],
         main_module=profile.server_module,
     )
 
