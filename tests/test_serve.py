@@ -1,0 +1,220 @@
+"""`pgprobe serve` scraped by a real Prometheus server, against a loaded throwaway cluster.
+
+Prometheus is Debian's package (scripts/setup installs it), started here on a
+loopback port with a temporary config (scrape every second) and storage dir.
+The load: pgbench -c 8 (LWLock waits: WALWrite, LockManager, BufferContent ...)
+and one backend looking up the status of xids spread over more pg_xact pages
+than the server has buffers (every lookup reads a page: slru_workload). The
+test asks Prometheus' HTTP API for rate() of the counters, then restarts
+PostgreSQL and asks again: the same series go on, counting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import CHECKOUT, need, run_pgprobe
+from slru_workload import CLUSTER_SETTINGS, burn_xids, provoke_xact_reads, xact_burn_size
+
+from pgprobe.engines.base import Log2Hist, Snapshot, Stats
+from pgprobe.sandbox import PgCluster, as_postgres, free_port
+from pgprobe.tools.serve import metrics, records
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+WINDOW_S = 2
+
+
+# -- without a server ------------------------------------------------------------------------
+
+
+def test_windows_add_up_and_histograms_are_cumulative() -> None:
+    totals = records.Totals()
+    hist = Log2Hist(((0, 0, 1), (1024, 2047, 3), (4096, 8191, 2), (2**40, 2**41 - 1, 1)))
+    key = (0, "WALWrite", "Exclusive")
+    window = Snapshot(maps={"wait_stats": {key: Stats(7, 70_000)}, "wait_ns": {key: hist}})
+    for _ in range(2):
+        records.add_lwlock(totals, window)
+    assert totals.lwlock_waits["WALWrite", "Exclusive"] == 14
+    assert totals.lwlock_wait_ns["WALWrite", "Exclusive"] == 140_000
+    buckets = dict(metrics.histogram_buckets(totals.lwlock_hist["WALWrite"]))
+    assert buckets[repr(1024 / 1e9)] == 2  # the [0, 0] bucket folds into the first one
+    assert buckets[repr(2048 / 1e9)] == 8
+    assert buckets[repr(8192 / 1e9)] == 12
+    assert buckets[repr(2**34 / 1e9)] == 12 and buckets["+Inf"] == 14  # beyond: +Inf only
+
+
+@pytest.mark.parametrize("listen", ["nohost", "127.0.0.1:0", "127.0.0.1:70000", "1.2.3.4:x"])
+def test_bad_listen_is_one_line(listen: str) -> None:
+    done = run_pgprobe(["serve", "--listen", listen])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "not ADDR:PORT" in done.stderr
+
+
+# -- with Prometheus -------------------------------------------------------------------------
+
+
+def prometheus_query(port: int, query: str) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        doc = json.load(reply)
+    assert doc["status"] == "success", doc
+    return list(doc["data"]["result"])
+
+
+def wait_for(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            found = check()
+        except OSError:  # Prometheus is still starting
+            found = None
+        if found:
+            return found
+        time.sleep(1)
+    pytest.fail(f"no {what} within {timeout:.0f} s")
+
+
+def values(result: list[dict[str, Any]]) -> dict[str, float]:
+    return {json.dumps(r["metric"], sort_keys=True): float(r["value"][1]) for r in result}
+
+
+@pytest.fixture
+def prometheus_for(tmp_path: Path) -> Iterator[Any]:
+    """start(target_port) -> Prometheus' own port; stopped and removed after the test."""
+    need(os.path.exists(PROMETHEUS), "prometheus is not installed (apt-get install prometheus)")
+    started: list[subprocess.Popen[bytes]] = []
+    storage = Path(tempfile.mkdtemp(prefix="pgprobe-prometheus-"))
+
+    def start(target: int) -> int:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: pgprobe\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
+        )
+        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed with the process)
+        started.append(subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={storage}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT,
+        ))  # fmt: skip
+        return port
+
+    yield start
+    for p in started:
+        p.terminate()
+        p.wait(timeout=30)
+    shutil.rmtree(storage, ignore_errors=True)
+
+
+class XactReader:
+    """A thread that keeps one backend reading pg_xact pages, across server restarts."""
+
+    def __init__(self, cluster: PgCluster, first: int, last: int) -> None:
+        self.cluster, self.first, self.last = cluster, first, last
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while not self.done.is_set():
+            try:
+                with self.cluster.connect() as conn:
+                    while not self.done.is_set():
+                        provoke_xact_reads(conn, self.first, self.last, rounds=1)
+            except Exception:  # the server is restarting: connect again
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(30)
+
+
+@pytest.mark.integration
+def test_prometheus_scrapes_rates_that_survive_a_server_restart(
+    tracing: None, prometheus_for: Any
+) -> None:
+    with PgCluster(settings=CLUSTER_SETTINGS, name="pgprobe-serve") as pg:
+        init = pg.pgbench("-i", "-q", "-s", "1")
+        assert init.wait(timeout=120) == 0
+        with pg.connect() as conn:
+            first, last = burn_xids(pg.conninfo, xact_burn_size(conn))
+        agent_port = free_port()
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "pgprobe", "serve", *pg.conn_args,
+             "--listen", f"127.0.0.1:{agent_port}", "--window", str(WINDOW_S)],
+            stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+        )  # fmt: skip
+        reader = XactReader(pg, first, last)
+        load = pg.pgbench("-c", "8", "-T", "200")
+        try:
+            port = prometheus_for(agent_port)
+            lwlock = "sum(rate(pgprobe_lwlock_wait_seconds_total[8s]))"
+            slru = 'rate(pgprobe_slru_reads_total{slru="pg_xact"}[8s])'
+
+            def positive(query: str) -> Any:
+                found = values(prometheus_query(port, query))
+                return found if found and all(v > 0 for v in found.values()) else None
+
+            before = wait_for("LWLock wait rate", lambda: positive(lwlock), 40)
+            slru_before = wait_for("pg_xact read rate", lambda: positive(slru), 20)
+            waits = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
+            print(f"before the restart: lwlock {before}, pg_xact {slru_before}")
+
+            old = pg.postmaster_pid
+            load.kill()
+            load.wait()
+            restart = [str(pg.bindir / "pg_ctl"), "-D", str(pg.data), "-m", "fast", "-w",
+                       "-l", str(pg.root / "server.log"), "restart"]  # fmt: skip
+            subprocess.run(as_postgres(restart), check=True, capture_output=True, timeout=120)
+            assert pg.postmaster_pid != old
+            load = pg.pgbench("-c", "8", "-T", "200")
+
+            restarted = (
+                "pgprobe_server_restarts_total == 1 "
+                "and on() pgprobe_capture_up{source='lwlock'} == 1"
+            )
+            wait_for(
+                "the agent back on the new server", lambda: prometheus_query(port, restarted), 30
+            )
+            after_t = time.time()
+            wait_for(
+                "LWLock wait rate after the restart",
+                lambda: time.time() - after_t > 8 and positive(lwlock),
+                30,
+            )
+            after = values(prometheus_query(port, lwlock))
+            slru_after = wait_for("pg_xact read rate after the restart", lambda: positive(slru), 20)
+            print(f"after the restart: lwlock {after}, pg_xact {slru_after}")
+            # The same series, still counting (counters never went back: no reset in between).
+            now = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
+            assert set(waits) <= set(now)
+            assert all(now[k] >= v for k, v in waits.items())
+            resets = values(prometheus_query(port, "sum(resets(pgprobe_lwlock_waits_total[5m]))"))
+            assert list(resets.values()) == [0.0]
+            assert values(prometheus_query(port, "pgprobe_capture_lost_events_total")) is not None
+        finally:
+            reader.stop()
+            load.kill()
+            load.wait()
+            agent.send_signal(signal.SIGTERM)
+            err = agent.communicate(timeout=60)[1]
+            print(err)
+        assert agent.returncode == 0, err
+        assert "the server went away" in err and err.rstrip().endswith("stopped")
