@@ -218,3 +218,69 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
             print(err)
         assert agent.returncode == 0, err
         assert "the server went away" in err and err.rstrip().endswith("stopped")
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The agent's /metrics as {'name{labels}': value} (text format, no comments)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def tracers(pid: int) -> dict[str, int]:
+    """The agent's bpftrace children, by script name."""
+    from pgprobe import proc
+
+    found = {}
+    for child in proc.children(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        scripts = [a.decode() for a in argv if a.endswith(b".bt")]
+        if scripts:
+            found[Path(scripts[0]).stem] = child
+    return found
+
+
+@pytest.mark.integration
+def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
+    cluster: PgCluster, tracing: None
+) -> None:
+    port = free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "pgprobe", "serve", *cluster.conn_args,
+         "--listen", f"127.0.0.1:{port}", "--window", "1"],
+        stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+    )  # fmt: skip
+    up = [f'pgprobe_capture_up{{source="{s}"}}' for s in ("lwlock", "slru", "cpu")]
+    try:
+        wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
+        running = tracers(agent.pid)
+        assert set(running) == {"lwlock_wait", "clog_reads", "profile"}, running
+        os.kill(running["clog_reads"], signal.SIGKILL)
+        restarted = 'pgprobe_capture_restarts_total{source="slru"}'
+        wait_for(
+            "the SLRU tracer started again",
+            lambda: scrape(port).get(restarted) == 1 and scrape(port).get(up[1]) == 1,
+            60,
+        )
+        again = tracers(agent.pid)
+        assert again["clog_reads"] != running["clog_reads"]
+        assert again["profile"] == running["profile"]  # the others ran on
+        assert scrape(port)['pgprobe_capture_restarts_total{source="cpu"}'] == 0
+        # The last window's CPU profile is pprof.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pprof/profile") as reply:
+            assert reply.read(2) == b"\x1f\x8b"
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        err = agent.communicate(timeout=60)[1]
+        print(err)
+    assert agent.returncode == 0, err
+    assert "SLRU reads stopped" in err and err.rstrip().endswith("stopped")
+    assert not any(os.path.exists(f"/proc/{p}") for p in again.values())

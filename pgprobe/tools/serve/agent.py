@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 import time
@@ -41,6 +42,8 @@ RETRY_SERVER_S = (1.0, 10.0)
 RETRY_TRACER_S = (2.0, 30.0)
 # The symbolizer caches names per address and maps per pid; it starts afresh this often.
 SYMBOLIZER_WINDOWS = 360
+SAID_MAX = 1000  # distinct messages remembered (said once each)
+LOST = re.compile(r"Lost (\d+) events")
 
 
 def say(message: str) -> None:
@@ -105,6 +108,8 @@ class Agent:
         self._said: set[str] = set()
 
     def say_once(self, message: str) -> None:
+        if len(self._said) > SAID_MAX:
+            self._said.clear()
         if message not in self._said:
             self._said.add(message)
             say(message)
@@ -179,8 +184,8 @@ class Agent:
                     self.totals.source(source.name).restarts += 1
             started += 1
             try:
-                self.run_once(source, targets, generation)
-                why = "its tracer ended"
+                warnings = self.run_once(source, targets, generation)
+                why = "; ".join(warnings) or "its tracer ended"
             except PgprobeError as exc:
                 why = exc.message
             except Exception as exc:  # a bug: said, and the source is started again
@@ -195,7 +200,10 @@ class Agent:
                 return
             pause = min(pause * 2, RETRY_TRACER_S[1])
 
-    def run_once(self, source: probe.Source, targets: Targets, generation: threading.Event) -> None:
+    def run_once(
+        self, source: probe.Source, targets: Targets, generation: threading.Event
+    ) -> list[str]:
+        """One run of the source's script, until it ends; what it warned of."""
         capture = source.start(self.ns, targets, self.window)
         namer = CpuNamer(targets, self.ns.hz) if source.name == probe.CPU else None
         state = self.totals.source(source.name)
@@ -213,7 +221,7 @@ class Agent:
                     self.totals.slru_read_ns[slru] += 0
         self._captures[source.name] = capture
         if generation.is_set():
-            return
+            return []
         seen_lost = seen_failed = 0
         last = time.monotonic()
         for event in capture.events():
@@ -223,9 +231,11 @@ class Agent:
             info = capture.info
             profile = namer.name(event, info) if namer is not None else None
             data = pprof.render(pprof_export.cpu_profile(profile, now - last)) if profile else b""
+            lost = self.drain_messages(source, capture)
             with self.lock:
                 state.up = not event.final
                 state.windows += 1
+                state.lost_events += lost
                 state.last_window_end = time.time()
                 state.last_window_s = now - last
                 state.lost_events += info.lost_events - seen_lost
@@ -235,8 +245,29 @@ class Agent:
                 if data:
                     self.profile, self.profile_window_end = data, state.last_window_end
             last = now
-        for warning in capture.info.warnings:
-            self.say_once(f"{source.what}: {warning}")
+        with self.lock:  # what the tracer said at its exit (bpftrace: "Lost N events")
+            state.lost_events += capture.info.lost_events - seen_lost
+        return list(dict.fromkeys(capture.info.warnings))
+
+    def drain_messages(self, source: probe.Source, capture: Capture) -> int:
+        """Say the tracer's new messages once each and forget them; return the events lost.
+
+        A capture that runs for weeks must not keep every line its tracer printed:
+        the runner's list of stderr lines (bpftrace's "Lost N events" among them)
+        and the warnings are emptied at every window.
+        """
+        lines: list[str] = getattr(getattr(capture, "process", None), "stderr", [])
+        lost = 0
+        while lines:
+            line = lines.pop(0)  # the runner's reader thread appends meanwhile
+            found = LOST.search(line)
+            if found:
+                lost += int(found.group(1))
+            else:
+                self.say_once(f"{source.what}: {line}")
+        while capture.info.warnings:
+            self.say_once(f"{source.what}: {capture.info.warnings.pop(0)}")
+        return lost
 
     def fold(
         self, name: str, snapshot: Snapshot, profile: profiling.Profile | None, targets: Targets
