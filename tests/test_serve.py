@@ -23,19 +23,37 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from helpers import CHECKOUT, need, run_pgprobe
-from slru_workload import CLUSTER_SETTINGS, burn_xids, provoke_xact_reads, xact_burn_size
+from slru_workload import (
+    CLUSTER_SETTINGS,
+    XACT,
+    burn_xids,
+    provoke_xact_reads,
+    slru_delta,
+    slru_stats,
+    xact_burn_size,
+)
+from test_flame import assert_close, backend, cpu_seconds, run_query  # noqa: F401 (fixture)
 
 from pgprobe.engines.base import Log2Hist, Snapshot, Stats
-from pgprobe.sandbox import PgCluster, as_postgres, free_port
+from pgprobe.sandbox import PgCluster, as_postgres, free_port, pg_bindir
 from pgprobe.tools.serve import metrics, records
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 WINDOW_S = 2
+
+
+def _have_postgres() -> bool:
+    try:
+        return (pg_bindir() / "initdb").exists()
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 # -- without a server ------------------------------------------------------------------------
@@ -146,78 +164,127 @@ class XactReader:
         self.thread.join(30)
 
 
-@pytest.mark.integration
-def test_prometheus_scrapes_rates_that_survive_a_server_restart(
-    tracing: None, prometheus_for: Any
-) -> None:
+@dataclass
+class SlruCluster:
+    """A cluster with few SLRU buffers and xids burned over more pg_xact pages than buffers."""
+
+    pg: PgCluster
+    first: int
+    last: int
+
+
+@pytest.fixture(scope="module")
+def slru_cluster(tracing: None) -> Iterator[SlruCluster]:
+    need(_have_postgres(), "no PostgreSQL server installed (initdb not found)")
     with PgCluster(settings=CLUSTER_SETTINGS, name="pgprobe-serve") as pg:
         init = pg.pgbench("-i", "-q", "-s", "1")
         assert init.wait(timeout=120) == 0
         with pg.connect() as conn:
             first, last = burn_xids(pg.conninfo, xact_burn_size(conn))
-        agent_port = free_port()
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "pgprobe", "serve", *pg.conn_args,
-             "--listen", f"127.0.0.1:{agent_port}", "--window", str(WINDOW_S)],
-            stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
-        )  # fmt: skip
-        reader = XactReader(pg, first, last)
+        yield SlruCluster(pg, first, last)
+
+
+def start_agent(pg: PgCluster, port: int, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgprobe", "serve", *pg.conn_args,
+         "--listen", f"127.0.0.1:{port}", *args],
+        stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+    )  # fmt: skip
+
+
+def stop_agent(agent: subprocess.Popen[str]) -> str:
+    agent.send_signal(signal.SIGTERM)
+    err = agent.communicate(timeout=60)[1]
+    print(err)
+    assert agent.returncode == 0, err
+    assert err.rstrip().endswith("stopped"), err
+    return err
+
+
+@pytest.mark.integration
+def test_slru_reads_equal_pg_stat_slru(slru_cluster: SlruCluster) -> None:
+    pg = slru_cluster.pg
+    port = free_port()
+    agent = start_agent(pg, port, "--window", "1")
+    key = 'pgprobe_slru_reads_total{slru="pg_xact"}'
+    try:
+        up = 'pgprobe_capture_up{source="slru"}'
+        wait_for("the SLRU capture", lambda: scrape(port).get(up) == 1, 60)
+        time.sleep(2.5)  # two windows: the counter is settled (nothing reads meanwhile)
+        start = scrape(port)[key]
+        with pg.connect() as conn:
+            before = slru_stats(conn)
+            provoke_xact_reads(conn, slru_cluster.first, slru_cluster.last, rounds=20)
+            delta = slru_delta(before, slru_stats(conn))[XACT][1]
+        assert delta > 100
+        # The window holding the last read ends within a second: then the counter has them all.
+        wait_for("every read counted", lambda: scrape(port)[key] - start >= delta, 15)
+        time.sleep(2.5)
+        counted = scrape(port)[key] - start
+        print(f"pg_stat_slru Xact blks_read +{delta}, pgprobe_slru_reads_total +{counted:.0f}")
+        assert counted == delta  # all of them, and no more
+    finally:
+        stop_agent(agent)
+
+
+@pytest.mark.integration
+def test_prometheus_scrapes_rates_that_survive_a_server_restart(
+    slru_cluster: SlruCluster, prometheus_for: Any
+) -> None:
+    pg, first, last = slru_cluster.pg, slru_cluster.first, slru_cluster.last
+    agent_port = free_port()
+    agent = start_agent(pg, agent_port, "--window", str(WINDOW_S))
+    reader = XactReader(pg, first, last)
+    load = pg.pgbench("-c", "8", "-T", "200")
+    try:
+        port = prometheus_for(agent_port)
+        lwlock = "sum(rate(pgprobe_lwlock_wait_seconds_total[8s]))"
+        slru = 'rate(pgprobe_slru_reads_total{slru="pg_xact"}[8s])'
+
+        def positive(query: str) -> Any:
+            found = values(prometheus_query(port, query))
+            return found if found and all(v > 0 for v in found.values()) else None
+
+        before = wait_for("LWLock wait rate", lambda: positive(lwlock), 40)
+        slru_before = wait_for("pg_xact read rate", lambda: positive(slru), 20)
+        waits = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
+        print(f"before the restart: lwlock {before}, pg_xact {slru_before}")
+
+        old = pg.postmaster_pid
+        load.kill()
+        load.wait()
+        restart = [str(pg.bindir / "pg_ctl"), "-D", str(pg.data), "-m", "fast", "-w",
+                   "-l", str(pg.root / "server.log"), "restart"]  # fmt: skip
+        subprocess.run(as_postgres(restart), check=True, capture_output=True, timeout=120)
+        assert pg.postmaster_pid != old
         load = pg.pgbench("-c", "8", "-T", "200")
-        try:
-            port = prometheus_for(agent_port)
-            lwlock = "sum(rate(pgprobe_lwlock_wait_seconds_total[8s]))"
-            slru = 'rate(pgprobe_slru_reads_total{slru="pg_xact"}[8s])'
 
-            def positive(query: str) -> Any:
-                found = values(prometheus_query(port, query))
-                return found if found and all(v > 0 for v in found.values()) else None
-
-            before = wait_for("LWLock wait rate", lambda: positive(lwlock), 40)
-            slru_before = wait_for("pg_xact read rate", lambda: positive(slru), 20)
-            waits = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
-            print(f"before the restart: lwlock {before}, pg_xact {slru_before}")
-
-            old = pg.postmaster_pid
-            load.kill()
-            load.wait()
-            restart = [str(pg.bindir / "pg_ctl"), "-D", str(pg.data), "-m", "fast", "-w",
-                       "-l", str(pg.root / "server.log"), "restart"]  # fmt: skip
-            subprocess.run(as_postgres(restart), check=True, capture_output=True, timeout=120)
-            assert pg.postmaster_pid != old
-            load = pg.pgbench("-c", "8", "-T", "200")
-
-            restarted = (
-                "pgprobe_server_restarts_total == 1 "
-                "and on() pgprobe_capture_up{source='lwlock'} == 1"
-            )
-            wait_for(
-                "the agent back on the new server", lambda: prometheus_query(port, restarted), 30
-            )
-            after_t = time.time()
-            wait_for(
-                "LWLock wait rate after the restart",
-                lambda: time.time() - after_t > 8 and positive(lwlock),
-                30,
-            )
-            after = values(prometheus_query(port, lwlock))
-            slru_after = wait_for("pg_xact read rate after the restart", lambda: positive(slru), 20)
-            print(f"after the restart: lwlock {after}, pg_xact {slru_after}")
-            # The same series, still counting (counters never went back: no reset in between).
-            now = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
-            assert set(waits) <= set(now)
-            assert all(now[k] >= v for k, v in waits.items())
-            resets = values(prometheus_query(port, "sum(resets(pgprobe_lwlock_waits_total[5m]))"))
-            assert list(resets.values()) == [0.0]
-            assert values(prometheus_query(port, "pgprobe_capture_lost_events_total")) is not None
-        finally:
-            reader.stop()
-            load.kill()
-            load.wait()
-            agent.send_signal(signal.SIGTERM)
-            err = agent.communicate(timeout=60)[1]
-            print(err)
-        assert agent.returncode == 0, err
-        assert "the server went away" in err and err.rstrip().endswith("stopped")
+        restarted = (
+            "pgprobe_server_restarts_total == 1 and on() pgprobe_capture_up{source='lwlock'} == 1"
+        )
+        wait_for("the agent back on the new server", lambda: prometheus_query(port, restarted), 30)
+        after_t = time.time()
+        wait_for(
+            "LWLock wait rate after the restart",
+            lambda: time.time() - after_t > 8 and positive(lwlock),
+            30,
+        )
+        after = values(prometheus_query(port, lwlock))
+        slru_after = wait_for("pg_xact read rate after the restart", lambda: positive(slru), 20)
+        print(f"after the restart: lwlock {after}, pg_xact {slru_after}")
+        # The same series, still counting (counters never went back: no reset in between).
+        now = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
+        assert set(waits) <= set(now)
+        assert all(now[k] >= v for k, v in waits.items())
+        resets = values(prometheus_query(port, "sum(resets(pgprobe_lwlock_waits_total[5m]))"))
+        assert list(resets.values()) == [0.0]
+        assert values(prometheus_query(port, "pgprobe_capture_lost_events_total")) is not None
+    finally:
+        reader.stop()
+        load.kill()
+        load.wait()
+        err = stop_agent(agent)
+    assert "the server went away" in err
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -253,11 +320,7 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
     cluster: PgCluster, tracing: None
 ) -> None:
     port = free_port()
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "pgprobe", "serve", *cluster.conn_args,
-         "--listen", f"127.0.0.1:{port}", "--window", "1"],
-        stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
-    )  # fmt: skip
+    agent = start_agent(cluster, port, "--window", "1")
     up = [f'pgprobe_capture_up{{source="{s}"}}' for s in ("lwlock", "slru", "cpu")]
     try:
         wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
@@ -278,9 +341,31 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pprof/profile") as reply:
             assert reply.read(2) == b"\x1f\x8b"
     finally:
-        agent.send_signal(signal.SIGTERM)
-        err = agent.communicate(timeout=60)[1]
-        print(err)
-    assert agent.returncode == 0, err
-    assert "SLRU reads stopped" in err and err.rstrip().endswith("stopped")
+        err = stop_agent(agent)
+    assert "SLRU reads stopped" in err
     assert not any(os.path.exists(f"/proc/{p}") for p in again.values())
+
+
+@pytest.mark.integration
+def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
+    cluster: PgCluster,
+    backend: tuple[psycopg.Connection[Any], int],  # noqa: F811
+) -> None:
+    conn, pid = backend
+    hz = 199
+    port = free_port()
+    agent = start_agent(cluster, port, "--window", "1", "-F", str(hz))
+    key = 'pgprobe_cpu_samples_total{backend_type="client backend"}'
+    try:
+        up = 'pgprobe_capture_up{source="cpu"}'
+        wait_for("the CPU capture", lambda: scrape(port).get(up) == 1, 60)
+        time.sleep(2.5)  # two windows: the counter is settled (the backends are idle)
+        start = scrape(port).get(key, 0.0)
+        before = cpu_seconds(pid)
+        run_query(cluster, conn, pid, 2.0)  # idle before and after: all there is to sample
+        cpu_s = cpu_seconds(pid) - before
+        time.sleep(2.5)  # the window holding the query's last samples has ended
+        samples = scrape(port)[key] - start
+        assert_close(int(samples), cpu_s, hz)
+    finally:
+        stop_agent(agent)
