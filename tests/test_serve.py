@@ -82,6 +82,13 @@ def test_bad_listen_is_one_line(listen: str) -> None:
     assert "not ADDR:PORT" in done.stderr
 
 
+def test_without_root_it_says_so_before_listening() -> None:
+    port = free_port()
+    done = run_pgprobe(["serve", "--listen", f"127.0.0.1:{port}"], unprivileged=True)
+    assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
+    assert "needs root" in done.stderr and "serving" not in done.stderr
+
+
 # -- with Prometheus -------------------------------------------------------------------------
 
 

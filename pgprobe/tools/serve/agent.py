@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pgprobe import discover, engines
+from pgprobe import discover
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture, RunInfo, Snapshot
 from pgprobe.errors import PgprobeError
@@ -122,7 +122,6 @@ class Agent:
     # -- the supervisor (main thread)
 
     def run(self) -> None:
-        engines.preflight(self.ns.engine)
         postmaster = 0
         pause = RETRY_SERVER_S[0]
         while not self.stopping.is_set():

@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from pgprobe import engines
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common, profiling
 from pgprobe.tools.serve import http
@@ -76,6 +77,7 @@ def add_parser(sub: Any) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     ns.duration = None  # captures run until stopped
+    engines.preflight(ns.engine)  # root, bpftrace: said in one line before anything starts
     agent = Agent(ns)
     registry = CollectorRegistry(auto_describe=True)
 
