@@ -9,6 +9,11 @@
 - ``folded_profile(stacks)``: a folded file (``flame --from``), one value
   ``samples/count``; frames carry no module.
 
+Another stack output (``waits --stacks``: off-CPU time) builds its own
+``pprof.Sample``s with the sample type that says what it counts
+(``pprof.ValueType("off_cpu", "nanoseconds")``) and labels such as
+``wait_event``, and writes them with ``write()``: the renderer is generic.
+
 Frames are functions in modules, as ``pgprobe hot`` counts them (kernel
 frames without FlameGraph's ``_[k]``, in ``[kernel.kallsyms]``; an empty stack
 is one ``[unknown]`` frame), so that ``go tool pprof -top`` shows the flat and
