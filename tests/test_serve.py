@@ -374,5 +374,17 @@ def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
         time.sleep(2.5)  # the window holding the query's last samples has ended
         samples = scrape(port)[key] - start
         assert_close(int(samples), cpu_s, hz)
+        # Backends that come and go are named too, their last window included (pgbench's
+        # short check connection may be gone before a scan of /proc sees it: "unknown").
+        unknown = 'pgprobe_cpu_samples_total{backend_type="unknown"}'
+        before_bench = scrape(port)
+        bench = cluster.pgbench("-c", "4", "-T", "4")
+        assert bench.wait(timeout=60) == 0
+        time.sleep(2.5)
+        after_bench = scrape(port)
+        named = after_bench[key] - before_bench[key]
+        unnamed = after_bench.get(unknown, 0) - before_bench.get(unknown, 0)
+        print(f"pgbench: {named:.0f} samples of client backends, {unnamed:.0f} unknown")
+        assert named > 20 and unnamed <= 0.1 * named
     finally:
         stop_agent(agent)

@@ -83,6 +83,7 @@ class CpuNamer:
     targets: Targets
     hz: int
     windows: int = 0
+    gone: set[int] = field(default_factory=set)  # exited by the last window's end
     symbolizer: Symbolizer = field(init=False)
     watcher: SlowChildWatcher = field(init=False)
 
@@ -100,10 +101,13 @@ class CpuNamer:
             self.targets, info, snapshot, self.symbolizer, self.hz, kernel=False,
             backends=self.watcher.backends,
         )  # fmt: skip
-        for pid in [p for p in self.watcher.seen if not alive(p)]:
+        # Forgotten one window late: a process's last samples can fall in the window after
+        # the one during which it exited (taken after that window's maps were printed).
+        for pid in self.gone:
             self.symbolizer.forget(pid)
             self.watcher.seen.discard(pid)
             self.watcher.backends.pop(pid, None)
+        self.gone = {p for p in self.watcher.seen if not alive(p)}
         self.windows += 1
         if self.windows % SYMBOLIZER_WINDOWS == 0:
             self.renew()

@@ -8,10 +8,13 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_slru_reads_total{slru}                       SLRU pages read from the files
   pgprobe_slru_read_seconds_total{slru}                time in those reads
   pgprobe_cpu_samples_total{backend_type}              on-CPU samples of the cluster's processes
+                                                       ("unknown": came and went between two
+                                                       looks at /proc, 5 s apart)
   pgprobe_cpu_sampling_hz                              the sampling rate (samples / Hz = CPU s)
   pgprobe_capture_up{source}                           1 while the source's probes are attached
   pgprobe_capture_available{source}                    0 when this server cannot feed the source
-  pgprobe_capture_windows_total{source}                windows folded in
+  pgprobe_capture_windows_total{source}                windows folded in (bpftrace prints
+                                                       nothing for a window without events)
   pgprobe_capture_restarts_total{source}               tracer restarts after it ended by itself
   pgprobe_capture_lost_events_total{source}            events the tracer said it lost
   pgprobe_capture_failed_map_updates_total{source}     updates refused by full BPF maps
