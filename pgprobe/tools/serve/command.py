@@ -6,7 +6,7 @@ import argparse
 import signal
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from pgprobe import engines
 from pgprobe.errors import EXIT_USAGE, PgprobeError
@@ -91,6 +91,8 @@ def run(ns: argparse.Namespace) -> int:
             return agent.profile, agent.profile_window_end
 
     registry.register(TotalsCollector(totals))
+    # process_resident_memory_bytes, process_cpu_seconds_total ...: the agent's own cost.
+    ProcessCollector(registry=registry)
     host, port = ns.listen
     try:
         server = http.make_server(host, port, registry, profile)

@@ -22,7 +22,8 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_server_up, pgprobe_server_restarts_total     the PostgreSQL server, as the agent sees it
   pgprobe_window_seconds                               the configured window
 
-source is lwlock, slru or cpu (probe.SOURCES).
+source is lwlock, slru or cpu (probe.SOURCES). prometheus_client's process_* metrics
+(resident memory, CPU seconds of the agent itself, not of its tracers) come along.
 """
 
 from __future__ import annotations
