@@ -148,6 +148,16 @@ def prometheus_for(tmp_path: Path) -> Iterator[Any]:
     shutil.rmtree(storage, ignore_errors=True)
 
 
+def dashboard_queries() -> list[str]:
+    """The PromQL of contrib/grafana-pgprobe.json, with Grafana's variables filled in."""
+    doc = json.loads((CHECKOUT / "contrib" / "grafana-pgprobe.json").read_text())
+    return [
+        target["expr"].replace("$__rate_interval", "8s").replace("$instance", ".*")
+        for panel in doc["panels"]
+        for target in panel["targets"]
+    ]
+
+
 class XactReader:
     """A thread that keeps one backend reading pg_xact pages, across server restarts."""
 
@@ -256,6 +266,9 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
         slru_before = wait_for("pg_xact read rate", lambda: positive(slru), 20)
         waits = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
         print(f"before the restart: lwlock {before}, pg_xact {slru_before}")
+        # Every query of contrib/'s Grafana dashboard parses, and finds its series.
+        for expr in dashboard_queries():
+            assert prometheus_query(port, expr), expr
 
         old = pg.postmaster_pid
         load.kill()
