@@ -11,7 +11,17 @@ from typing import Any, NoReturn
 
 from pgprobe import __version__
 from pgprobe.errors import EXIT_USAGE, PgprobeError
-from pgprobe.tools import backends, clog_reads, doctor, flame, hot, lwlocks, triage, waits
+from pgprobe.tools import (
+    backends,
+    clog_reads,
+    doctor,
+    flame,
+    hot,
+    lwlocks,
+    serve,
+    triage,
+    waits,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # One module per command; each has add_parser(subparsers) and run(namespace).
-COMMANDS = [lwlocks, clog_reads, backends, doctor, flame, hot, triage, waits]
+COMMANDS = [lwlocks, clog_reads, waits, backends, doctor, flame, hot, triage, serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,7 +59,7 @@ from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.render import table
 from pgprobe.stacks import fold, write_folded
 from pgprobe.symbolize import Frame, Symbolizer, folded_names
-from pgprobe.tools import common, profiling
+from pgprobe.tools import common, pprof_export, profiling
 
 NAME = "clog-reads"
 SCRIPT = "clog_reads"  # bpf/clog_reads.bt, d/clog_reads.d
@@ -197,6 +197,10 @@ def add_parser(sub: Any) -> None:
         help="with --stacks: write the read stacks as FlameGraph folded stacks to FILE "
         "(render with `pgprobe flame --from FILE`)",
     )
+    parser.add_argument(
+        "--pprof", metavar="FILE", help="with --stacks: write the reads per stack and pid as a "
+        "pprof profile (gzipped profile.proto, for go tool pprof, Pyroscope, Parca) to FILE",
+    )  # fmt: skip
     parser.add_argument(
         "--trace", action="store_true", help="print every read as it happens (like rsnoop)"
     )
@@ -496,6 +500,7 @@ class StackRow:
     frames: tuple[str, ...]
     reads: int = 0
     pids: set[int] = field(default_factory=set)
+    by_pid: dict[int, int] = field(default_factory=dict)  # reads per pid (for pprof labels)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -553,6 +558,7 @@ class StackNamer:
             row = merged.setdefault(names, StackRow(names))
             row.reads += value
             row.pids.add(pid)
+            row.by_pid[pid] = row.by_pid.get(pid, 0) + value
         return sorted(merged.values(), key=lambda r: (-r.reads, r.frames))
 
 
@@ -626,6 +632,7 @@ class Session:
     header_printed: bool = False
     warned_unavailable: str | None = None  # said on stderr at the start
     folded: dict[str, int] = field(default_factory=dict)  # every snapshot's stacks, for --folded
+    all_stacks: list[StackRow] = field(default_factory=list)  # every snapshot's, for --pprof
 
     def keep(self, pid: int) -> bool:
         """Reads of the targets; never those of pgprobe's own session."""
@@ -673,6 +680,11 @@ class Session:
             self.folded[key] = self.folded.get(key, 0) + row.reads
         if self.ns.folded and snapshot.final:
             write_folded(self.ns.folded, self.folded)
+        self.all_stacks += stacks or ()
+        if self.ns.pprof and snapshot.final:
+            profile = pprof_export.reads_profile(self.all_stacks, self.targets, self.describe,
+                                                 info.duration_seconds)  # fmt: skip
+            pprof_export.write(self.ns.pprof, profile)
         meta = common.meta(
             self.targets,
             info,
@@ -904,8 +916,10 @@ def run(ns: argparse.Namespace) -> int:
             f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
             EXIT_USAGE,
         )
-    if ns.folded:
+    if ns.folded or ns.pprof:
         ns.stacks = True
+    if ns.pprof:
+        pprof_export.check_writable(ns.pprof)
     if ns.stacks and ns.trace:
         raise PgprobeError("--stacks and --trace cannot be combined: choose one", EXIT_USAGE)
     targets = common.prepare(ns, check_server)

@@ -12,6 +12,8 @@ writes one of:
 - ``folded``: FlameGraph folded stacks (``--folded``), for flamegraph.pl,
   inferno or speedscope;
 - ``speedscope``: speedscope's JSON, one profile per backend with --per-backend;
+- ``pprof``: a gzipped profile.proto (``-o cpu.pb.gz`` implies it) for
+  ``go tool pprof``, Pyroscope or Parca (pgprobe.tools.pprof_export);
 - ``--json``: one document ``{"tool": "flame", "meta": {...}, "rows": [...]}``,
   one row per (pid, stack): ``pid``, ``backend_type``, ``application_name``,
   ``stack`` (folded, root first, without a backend frame) and ``samples``.
@@ -34,10 +36,10 @@ from typing import Any
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.render import flamegraph
 from pgprobe.stacks import format_folded
-from pgprobe.tools import common, profiling
+from pgprobe.tools import common, pprof_export, profiling
 
 NAME = "flame"
-FORMATS = ("svg", "folded", "speedscope")
+FORMATS = ("svg", "folded", "speedscope", "pprof")
 DEFAULT_MINWIDTH_PX = 0.1
 
 
@@ -64,7 +66,8 @@ def add_parser(sub: Any) -> None:
     out.add_argument(
         "--format",
         choices=FORMATS,
-        help="svg (default), folded (FlameGraph folded stacks) or speedscope (JSON)",
+        help="svg (default), folded (FlameGraph folded stacks), speedscope (JSON) or pprof "
+        "(gzipped profile.proto for go tool pprof, Pyroscope, Parca; -o FILE.pb.gz implies it)",
     )
     out.add_argument("--folded", action="store_true", help="same as --format folded")
     out.add_argument(
@@ -97,6 +100,8 @@ def output_format(ns: argparse.Namespace) -> str:
         raise PgprobeError(f"--folded contradicts --format {ns.format}", EXIT_USAGE)
     if ns.json and (ns.format or ns.folded):
         raise PgprobeError("--json is a format of its own: drop --format/--folded", EXIT_USAGE)
+    if not ns.format and not ns.folded and pprof_export.wants_pprof(ns.output):
+        return "pprof"
     return "folded" if ns.folded else ns.format or "svg"
 
 
@@ -108,7 +113,7 @@ def check_output(ns: argparse.Namespace, fmt: str) -> None:
             raise PgprobeError(f"-o {ns.output}: is a directory", EXIT_USAGE)
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise PgprobeError(f"-o {ns.output}: cannot write in {parent}", EXIT_USAGE)
-    elif fmt in ("svg", "speedscope") and not ns.json and sys.stdout.isatty():
+    elif fmt in ("svg", "speedscope", "pprof") and not ns.json and sys.stdout.isatty():
         raise PgprobeError(
             f"not writing {fmt} to a terminal: redirect it (pgprobe flame > cpu.svg) "
             "or use -o FILE",
@@ -154,6 +159,8 @@ def run(ns: argparse.Namespace) -> int:
     profile = profiling.collect(ns, names_at_end=ns.per_backend or ns.json)
     if ns.json:
         common.print_json(NAME, profile.meta(), json_rows(profile))
+    elif fmt == "pprof":
+        pprof_export.write(ns.output, pprof_export.cpu_profile(profile))
     else:
         write(ns, render_profile(ns, fmt, profile))
     profiling.print_warnings(profile)
@@ -251,6 +258,9 @@ def render_file(ns: argparse.Namespace, fmt: str) -> int:
     stacks = flamegraph.parse_folded(raw)
     if not stacks:
         print(f"pgprobe: warning: no stacks in {source} (not a folded file?)", file=sys.stderr)
+    if fmt == "pprof":
+        pprof_export.write(ns.output, pprof_export.folded_profile(stacks))
+        return 0
     if fmt == "folded":
         text = "".join(f"{';'.join(k)} {n}\n" for k, n in _most_first(stacks))
     else:

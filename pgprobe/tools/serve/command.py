@@ -1,0 +1,112 @@
+"""`pgprobe serve`: CLI glue. Options, listen, run the agent until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from pgprobe import engines
+from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.tools import common, profiling
+from pgprobe.tools.serve import http
+from pgprobe.tools.serve.agent import Agent, say
+from pgprobe.tools.serve.metrics import TotalsCollector
+
+NAME = "serve"
+DEFAULT_LISTEN = "127.0.0.1:9433"  # beside postgres_exporter's 9187; free in Prometheus' list
+DEFAULT_WINDOW_S = 10
+DEFAULT_HZ = 19  # low: about 2 % of the samples flame takes by default
+MAX_WINDOW_S = 3600
+
+
+def listen_value(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"not ADDR:PORT: {text!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def window_value(text: str) -> int:
+    value = common.positive_int(text)
+    if value > MAX_WINDOW_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WINDOW_S} seconds")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="agent: Prometheus /metrics and a pprof CPU profile of one cluster, continuously",
+        description="Keep low-cost captures running on one cluster in rolling windows (LWLock "
+        "waits, SLRU reads, CPU samples) and serve them: /metrics for Prometheus, "
+        f"{http.PROFILE_PATH} (pprof) for Parca or Pyroscope. Stops on SIGTERM.",
+    )
+    common.add_connection_arguments(parser)
+    parser.add_argument(
+        "--listen",
+        type=listen_value,
+        default=listen_value(DEFAULT_LISTEN),
+        metavar="ADDR:PORT",
+        help=f"where to serve HTTP (default {DEFAULT_LISTEN}: this host only)",
+    )
+    parser.add_argument(
+        "--window",
+        type=window_value,
+        default=DEFAULT_WINDOW_S,
+        metavar="SECONDS",
+        help=f"length of a capture window (default {DEFAULT_WINDOW_S})",
+    )
+    parser.add_argument(
+        "-F",
+        "--frequency",
+        dest="hz",
+        type=profiling.hz_value,
+        default=DEFAULT_HZ,
+        metavar="HZ",
+        help=f"CPU samples per second per CPU (default {DEFAULT_HZ})",
+    )
+    parser.add_argument(
+        "--engine", choices=["auto", "bpftrace"], default="auto", help="tracer (bpftrace only)"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    ns.duration = None  # captures run until stopped
+    engines.preflight(ns.engine)  # root, bpftrace: said in one line before anything starts
+    agent = Agent(ns)
+    registry = CollectorRegistry(auto_describe=True)
+
+    def totals() -> tuple[Any, dict[str, Any]]:
+        with agent.lock:
+            # A copy would cost more than holding the lock for one scrape's formatting.
+            return agent.totals, {"server_up": agent.server_up, "window": agent.window}
+
+    def profile() -> tuple[bytes, float]:
+        with agent.lock:
+            return agent.profile, agent.profile_window_end
+
+    registry.register(TotalsCollector(totals))
+    # process_resident_memory_bytes, process_cpu_seconds_total ...: the agent's own cost.
+    ProcessCollector(registry=registry)
+    host, port = ns.listen
+    try:
+        server = http.make_server(host, port, registry, profile)
+    except OSError as exc:
+        message = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        raise PgprobeError(message, EXIT_USAGE) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: agent.stop())
+    http.serve_in_background(server)
+    say(f"serving http://{host}:{server.server_address[1]}/metrics")
+    try:
+        agent.run()
+    finally:
+        server.shutdown()
+        server.server_close()
+    say("stopped")
+    return 0

@@ -1,0 +1,83 @@
+"""What `pgprobe serve` asks the probes: the other tools' scripts, in rolling windows.
+
+Each source is one probe script that the agent keeps running with its
+INTERVAL_S parameter set to the window: bpftrace prints and clears its maps
+every window, so each snapshot is the window's own counts (kernel memory stays
+bounded by one window) and a counter is the sum of the windows.
+
+- ``lwlock``: bpf/lwlock_wait.bt (pgprobe lwlocks), whole cluster, not by pid;
+  needs the server's USDT probes (PostgreSQL 13+ built with --enable-dtrace).
+- ``slru``: bpf/clog_reads.bt (pgprobe clog-reads) in aggregate mode, every SLRU.
+- ``cpu``: bpf/profile.bt (pgprobe flame/hot) at a low rate, user stacks named in
+  Python as flame does (pgprobe.tools.profiling).
+
+A new source (the time model of `pgprobe waits`, when it lands) is one more
+``Source`` here with its ``fold`` in records.py and its families in metrics.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pgprobe.discover import Targets
+from pgprobe.engines.base import Capture
+from pgprobe.errors import PgprobeError
+from pgprobe.tools import clog_reads, common, lwlocks, profiling
+
+LWLOCK, SLRU, CPU = "lwlock", "slru", "cpu"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One probe script the agent keeps running."""
+
+    name: str
+    what: str  # for messages
+    check: Callable[[Targets], None]  # raises PgprobeError when the server cannot be traced so
+    start: Callable[[argparse.Namespace, Targets, int], Capture]
+
+
+def _lwlock(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
+    return lwlocks.start(ns, targets, by_pid=False, interval=window)
+
+
+def slru_names(targets: Targets) -> list[str]:
+    """Every SLRU directory of this server's version (pg_xact, pg_subtrans, ...)."""
+    return clog_reads.selected_slrus([("all",)], targets.cluster.major or 99)
+
+
+def _slru(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
+    return clog_reads.start(ns, targets, slru_names(targets), clog_reads.MODE_AGGREGATE, window)
+
+
+def _cpu(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
+    env = {
+        "BPFTRACE_NO_USER_SYMBOLS": "1",
+        "BPFTRACE_MAP_KEYS_MAX": str(profiling.map_keys(window, ns.hz)),
+    }
+    args = profiling.script_args(targets, ns.hz, kernel=False)
+    args[4] = window
+    return common.capture(ns, profiling.SCRIPT, args, profiling.MAPS, env=env)
+
+
+SOURCES = (
+    Source(LWLOCK, "LWLock waits", lwlocks.check_server, _lwlock),
+    Source(SLRU, "SLRU reads", clog_reads.check_server, _slru),
+    Source(CPU, "CPU samples", profiling.check_server, _cpu),
+)
+
+
+def available(targets: Targets) -> tuple[list[Source], dict[str, str]]:
+    """The sources this server can feed, and why each other one cannot."""
+    ok: list[Source] = []
+    missing: dict[str, str] = {}
+    for source in SOURCES:
+        try:
+            source.check(targets)
+        except PgprobeError as exc:
+            missing[source.name] = exc.message
+        else:
+            ok.append(source)
+    return ok, missing

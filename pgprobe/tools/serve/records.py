@@ -1,0 +1,94 @@
+"""What `pgprobe serve` keeps: running totals of the windows, bounded. No I/O.
+
+Each window's snapshot (maps cleared by the script at every window) is added to
+``Totals``: counters only grow, as Prometheus counters must, across tracer
+restarts and server restarts. Label sets are bounded by what PostgreSQL has
+(tranche names x 3 modes, 7 SLRUs) and histogram buckets by powers of two, so
+memory does not grow with time or with the number of backends.
+
+Histograms: the kernel's log2 buckets ([2^k, 2^(k+1)-1] ns) map exactly onto
+Prometheus buckets with upper bounds 2^(k+1) ns (``le`` in seconds), from
+``HIST_MIN_POW`` (waits shorter than 2^HIST_MIN_POW ns, 1 us, go to the first
+bucket) to ``HIST_MAX_POW`` (longer ones to +Inf only).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pgprobe.engines.base import Log2Hist, Snapshot
+from pgprobe.tools import clog_reads, lwlocks
+
+HIST_MIN_POW = 10  # 1.024 us
+HIST_MAX_POW = 34  # 17.2 s
+
+
+def bucket_pow(high: int) -> int:
+    """The power of two just above a log2 bucket's highest value (high + 1 = 2^k)."""
+    return max(HIST_MIN_POW, (high + 1).bit_length() - 1 if high >= 0 else 0)
+
+
+@dataclass
+class SourceState:
+    """How one probe script is doing."""
+
+    up: bool = False
+    windows: int = 0
+    restarts: int = 0
+    lost_events: int = 0
+    failed_map_updates: int = 0
+    last_window_end: float = 0.0  # time.time() of the last snapshot
+    last_window_s: float = 0.0
+    unavailable: str = ""  # why this server cannot feed it ("" : it can)
+
+
+@dataclass
+class Totals:
+    """Every counter the agent exposes, summed over the windows."""
+
+    lwlock_wait_ns: Counter[tuple[str, str]] = field(default_factory=Counter)  # tranche, mode
+    lwlock_waits: Counter[tuple[str, str]] = field(default_factory=Counter)
+    lwlock_hist: dict[str, Counter[int]] = field(default_factory=dict)  # tranche: pow: count
+    slru_reads: Counter[str] = field(default_factory=Counter)  # pg_xact, pg_subtrans, ...
+    slru_read_ns: Counter[str] = field(default_factory=Counter)
+    cpu_samples: Counter[str] = field(default_factory=Counter)  # backend_type
+    cpu_hz: int = 0
+    sources: dict[str, SourceState] = field(default_factory=dict)
+    server_restarts: int = 0
+
+    def source(self, name: str) -> SourceState:
+        return self.sources.setdefault(name, SourceState())
+
+
+def add_lwlock(totals: Totals, snapshot: Snapshot) -> int:
+    """One window of lwlock_wait.bt; returns the waits in it."""
+    waits = 0
+    for rec in lwlocks.records(snapshot):
+        key = (rec.tranche, rec.mode)
+        totals.lwlock_wait_ns[key] += rec.total_ns
+        totals.lwlock_waits[key] += rec.waits
+        waits += rec.waits
+        add_hist(totals.lwlock_hist.setdefault(rec.tranche, Counter()), rec.hist)
+    return waits
+
+
+def add_hist(into: Counter[int], hist: Log2Hist) -> None:
+    for _low, high, count in hist.buckets:
+        into[min(bucket_pow(high), HIST_MAX_POW + 1)] += count
+
+
+def add_slru(totals: Totals, snapshot: Snapshot, own_pid: int) -> int:
+    """One window of clog_reads.bt (aggregate mode); returns the reads in it.
+
+    pgprobe's own session reads nothing (serve holds no connection while it
+    traces), but a pid it names is left out all the same, as clog-reads does.
+    """
+    reads = 0
+    for rec in clog_reads.records(snapshot):
+        if rec.pid == own_pid:
+            continue
+        totals.slru_reads[rec.slru] += rec.reads
+        totals.slru_read_ns[rec.slru] += rec.total_ns
+        reads += rec.reads
+    return reads
