@@ -33,8 +33,14 @@
  *   Omitted parameters are 0 (#pragma D option defaultargs).
  *   Ctrl-C (SIGINT) ends the capture: the END clause prints the aggregations.
  *
- * REQUIREMENTS: DTrace with the syscall provider and fds[] (illumos, Solaris,
- *   FreeBSD, macOS); root (illumos/Solaris: dtrace_proc + dtrace_user). No
+ * PLATFORM LIBRARY: the directory and name of a file descriptor come from a
+ *   D library passed with -L: d/lib/fds (fds[]: illumos, Solaris, FreeBSD,
+ *   macOS) or d/lib/linux (DTrace for Linux, whose fds[].fi_dirname is ".":
+ *   the parent dentries' names). pgprobe passes the right one; by hand:
+ *   dtrace -L d/lib/linux -qs d/clog_reads.d ...
+ *
+ * REQUIREMENTS: DTrace with the syscall provider (illumos, Solaris, FreeBSD,
+ *   macOS, Linux); root (illumos/Solaris: dtrace_proc + dtrace_user). No
  *   USDT: any PostgreSQL build and version (pg_clog for 9.x). On macOS, SIP
  *   must allow DTrace (csrutil enable --without dtrace).
  *
@@ -73,6 +79,7 @@
  *   @read_max_ns <TAB> PID <TAB> FILE <TAB> MAX_NS
  *   @read_ns <TAB> PID <TAB> FILE, then DTrace's quantize table
  *   @read_stacks <TAB> PID <TAB> COUNT, then the ustack() frames, one a line
+ *   @@end                                         END printed everything
  *
  * OVERHEAD: the read entry/return probes fire for every read of every
  *   process; for others than the targets each costs a predicate test. For
@@ -110,8 +117,8 @@ dtrace:::BEGIN
 }
 
 /*
- * Entry: is the fd a segment file in an enabled SLRU directory?
- * fi_dirname is the file's directory ("/srv/pg/15/pg_multixact/offsets").
+ * Entry: is the fd a segment file in an enabled SLRU directory? The
+ * directory's last two components come from the platform library (-L).
  */
 syscall::read:entry,
 syscall::readv:entry,
@@ -119,8 +126,8 @@ syscall::pread*:entry
 /(($1 == 0 && execname == "postgres") || ($1 != 0 && (pid == $1 || ppid == $1))) &&
  ($4 == 0 || pid == $4)/
 {
-	this->d1 = basename(fds[arg0].fi_dirname);
-	this->d2 = basename(dirname(fds[arg0].fi_dirname));
+	this->d1 = pgprobe_fd_dir[arg0];
+	this->d2 = pgprobe_fd_parent[arg0];
 	this->m = $2 != 0 ? $2 : 3;
 	self->rd_slru =
 	    ((this->m & 1) && this->d1 == "pg_xact") ||
@@ -157,10 +164,11 @@ syscall::pread*:return
 {
 	this->ns = timestamp - self->rd_start;
 	this->bytes = (int64_t)arg0 > 0 ? (int64_t)arg0 : 0;
-	this->d1 = basename(fds[self->rd_fd].fi_dirname);
+	this->d1 = pgprobe_fd_dir[self->rd_fd];
+	this->name = pgprobe_fd_name[self->rd_fd];
 	this->file = this->d1 == "offsets" || this->d1 == "members" ?
-	    strjoin(strjoin(strjoin("pg_multixact/", this->d1), "/"), fds[self->rd_fd].fi_name) :
-	    strjoin(strjoin(this->d1, "/"), fds[self->rd_fd].fi_name);
+	    strjoin(strjoin(strjoin("pg_multixact/", this->d1), "/"), this->name) :
+	    strjoin(strjoin(this->d1, "/"), this->name);
 	@read_count[pid, this->file] = count();
 	@read_total[pid, this->file] = sum(this->ns);
 	@read_bytes[pid, this->file] = sum(this->bytes);
@@ -229,4 +237,5 @@ dtrace:::END
 	printa("@read_max_ns\t%d\t%s\t%@d\n", @read_max_ns);
 	printa("@read_ns\t%d\t%s\n%@d\n", @read_ns);
 	printa("@read_stacks\t%d\t%@d%k\n", @read_stacks);
+	printf("@@end\n");
 }

@@ -32,7 +32,14 @@
  *   and matches the provider of each new process).
  *   Ctrl-C (SIGINT) ends the capture: the END clause prints the aggregations.
  *
- * REQUIREMENTS: DTrace (illumos, Solaris, FreeBSD, macOS) and the privilege
+ * DTRACE FOR LINUX (Oracle's DTrace 2, scripts/setup-dtrace): it enables
+ *   PostgreSQL's (systemtap-style) probes per pid only, postgresql<PID>, no
+ *   wildcard: pgprobe rewrites each postgresql*:::NAME below into one
+ *   description per running server process and runs dtrace -Z; backends
+ *   forked after dtrace started are not traced (pgprobe counts them). By hand:
+ *   sed "s/postgresql\*:::\([a-z-]*\)/postgresql$PID:::\1/" for one process.
+ *
+ * REQUIREMENTS: DTrace (illumos, Solaris, FreeBSD, macOS, Linux) and the privilege
  *   to trace other users' processes (root; on illumos/Solaris dtrace_proc +
  *   dtrace_user suffice); PostgreSQL built with --enable-dtrace (check:
  *   dtrace -ln 'postgresql*:::lwlock-wait-start' with the server running);
@@ -63,6 +70,7 @@
  *   @wait_ns <TAB> PID <TAB> TRANCHE <TAB> MODE, then DTrace's quantize table
  *           (value  ---- Distribution ---- count; value is a bucket's low
  *           bound, a power of two), then a blank line
+ *   @@end                                          END printed everything
  *   The :count and :total halves are bpftrace's stats() (count and total) of
  *   @wait_stats; PID is 0 unless BY_PID.
  *
@@ -140,4 +148,5 @@ dtrace:::END
 	printa("@wait_stats:total\t%d\t%s\t%s\t%@d\n", @wait_total);
 	printa("@wait_max_ns\t%d\t%s\t%s\t%@d\n", @wait_max_ns);
 	printa("@wait_ns\t%d\t%s\t%s\n%@d\n", @wait_ns);
+	printf("@@end\n");
 }

@@ -58,12 +58,20 @@ class TracerProcess:
         self.on_tick: TickCallback | None = None
         self.stderr: list[str] = []
         self.returncode: int | None = None
+        self.pid: int | None = None  # the tracer's, while it runs
+        self._child: subprocess.Popen[bytes] | None = None
         self._stop_requested = threading.Event()
         self._resends = 0
 
     def request_stop(self) -> None:
         """End the capture early (thread-safe): the maps are still printed and parsed."""
         self._stop_requested.set()
+
+    def kill(self) -> None:
+        """SIGKILL the tracer if it still runs (thread-safe; never another process)."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
 
     def run(self, feed: Callable[[bytes], Iterable[Event]]) -> Iterator[Event]:
         started = time.monotonic()
@@ -77,6 +85,7 @@ class TracerProcess:
             preexec_fn=_stop_with_parent,
         )
         assert child.stdout is not None and child.stderr is not None
+        self.pid, self._child = child.pid, child
         reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
         reader.start()
         feed = _recording(feed, self.name, child.pid)

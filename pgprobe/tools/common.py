@@ -122,16 +122,20 @@ def capture(
     args: Sequence[int | Path],
     specs: Sequence[MapSpec],
     env: dict[str, str] | None = None,
+    cluster_pid: int | None = None,
 ) -> Capture:
     """Run probe script `script` (a name without extension: bpf/<script>.bt, d/<script>.d).
 
     Both engines take the same positional parameters and yield the same records.
+    cluster_pid: the postmaster, for DTrace for Linux's per-pid USDT probes.
     """
     engine = engines.choose(getattr(ns, "engine", "auto"))
     if engine == "dtrace":
         from pgprobe.engines import dtrace
 
-        return dtrace.DtraceCapture(f"{script}.d", args, specs, duration=ns.duration)
+        return dtrace.DtraceCapture(
+            f"{script}.d", args, specs, duration=ns.duration, cluster_pid=cluster_pid
+        )
     return bpftrace.BpftraceCapture(f"{script}.bt", args, specs, duration=ns.duration, env=env)
 
 

@@ -224,6 +224,7 @@ def start(ns: argparse.Namespace, targets: Targets, by_pid: bool, interval: int 
         script_args(targets, by_pid, interval),
         MAPS,
         env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
+        cluster_pid=targets.cluster.postmaster_pid,
     )
 
 
