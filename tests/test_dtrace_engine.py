@@ -41,7 +41,8 @@ class FakeDtrace:
     def env(self, output: str = "lwlock_wait.out", **extra: str) -> dict[str, str]:
         return {
             "PATH": f"{self.bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "PGPROBE_DTRACE": "",
+            # the stand-in, not a real DTrace this machine may have (scripts/setup-dtrace)
+            "PGPROBE_DTRACE": str(self.bindir / "dtrace"),
             "FAKE_DTRACE_OUTPUT": str(FIXTURES / output),
             "FAKE_DTRACE_ARGV": str(self.argv_log),
             **extra,
@@ -119,9 +120,11 @@ def test_lwlocks_json_through_dtrace(pg: PgCluster, fake_dtrace: FakeDtrace) -> 
     assert 0.9 <= meta["duration_s"] <= 4
     # dtrace -q -s d/lwlock_wait.d BINARY POSTMASTER BY_PID INTERVAL ONLY_PID
     argv = fake_dtrace.argv()
-    assert argv[:2] == ["-q", "-s"]
-    assert Path(argv[2]).resolve() == (CHECKOUT / "d" / "lwlock_wait.d").resolve()
-    assert argv[3:] == [meta["server_binary"], str(pg.postmaster_pid), "0", "0", "0"]
+    assert argv[:2] == ["-q", "-L"]
+    assert Path(argv[2]).resolve() == (CHECKOUT / "d" / "lib" / "fds").resolve()
+    assert argv[3] == "-s"
+    assert Path(argv[4]).resolve() == (CHECKOUT / "d" / "lwlock_wait.d").resolve()
+    assert argv[5:] == [meta["server_binary"], str(pg.postmaster_pid), "0", "0", "0"]
     rows = doc["rows"]
     (expected,) = expected_rows("lwlock_wait.out")
     assert rows == expected
@@ -153,7 +156,7 @@ def test_interval_by_pid_through_dtrace(pg: PgCluster, fake_dtrace: FakeDtrace) 
     docs = [json.loads(line) for line in done.stdout.splitlines()]
     assert [d["meta"]["final"] for d in docs] == [False, False, True]
     assert [d["meta"]["snapshot_time"] for d in docs] == ["23:44:19", "23:44:21", "23:44:22"]
-    assert fake_dtrace.argv()[4:] == [str(pg.postmaster_pid), "1", "1", "0"]
+    assert fake_dtrace.argv()[6:] == [str(pg.postmaster_pid), "1", "1", "0"]
     expected = expected_rows("lwlock_wait_by_pid_interval.out", by_pid=True)
     assert [[_without_names(r) for r in d["rows"]] for d in docs] == expected
     assert all("backend_type" in r for d in docs for r in d["rows"])
@@ -219,8 +222,8 @@ def test_hot_and_flame_through_dtrace(
     env = fake_dtrace.env(output="profile_hotuser.out")
     done = run_pgprobe(["hot", *pg.conn_args, "--engine", "dtrace", "-d", "1", "--json"], env=env)
     assert done.returncode == 0, done.stderr
-    # dtrace -q -s d/profile.d HZ POSTMASTER ONLY_PID KSTACKS INTERVAL
-    assert fake_dtrace.argv()[3:] == ["99", str(pg.postmaster_pid), "0", "0", "0"]
+    # dtrace -q -L d/lib/fds -s d/profile.d HZ POSTMASTER ONLY_PID KSTACKS INTERVAL
+    assert fake_dtrace.argv()[5:] == ["99", str(pg.postmaster_pid), "0", "0", "0"]
     doc = json.loads(done.stdout)
     assert doc["meta"]["engine"] == "dtrace" and doc["meta"]["samples"] == 4694
     top = doc["rows"][0]
@@ -271,7 +274,7 @@ def test_dtrace_failures(
 
 def test_dtrace_missing(tmp_path: Path) -> None:
     need(os.geteuid() == 0, "the root check comes first")
-    env = {"PATH": str(tmp_path), "PGPROBE_DTRACE": ""}
+    env = {"PATH": str(tmp_path), "PGPROBE_DTRACE": str(tmp_path / "dtrace")}
     done = run_pgprobe(["lwlocks", "--engine", "dtrace", "-d", "1"], env=env)
     assert_one_line(done, EXIT_ENV, "dtrace not found", "--engine bpftrace")
 

@@ -18,7 +18,6 @@ headers: it is refused.
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import re
@@ -54,9 +53,8 @@ class Dtrace:
 
 def _candidates() -> list[str]:
     configured = os.environ.get("PGPROBE_DTRACE")
-    if configured:
-        return [configured]  # as told: never fall back to another one silently
-    found = [shutil.which("dtrace") or "", *DTRACE_PATHS]
+    # As told, or else the first real one: never another one silently.
+    found = [configured] if configured else [shutil.which("dtrace") or "", *DTRACE_PATHS]
     return list(dict.fromkeys(p for p in found if p and os.access(p, os.X_OK)))
 
 
@@ -64,10 +62,11 @@ def find_dtrace() -> Dtrace:
     """$PGPROBE_DTRACE, else the first real DTrace on PATH, in DTRACE_PATHS."""
     candidates = _candidates()
     if not candidates:
+        configured = os.environ.get("PGPROBE_DTRACE")
+        said = f" (PGPROBE_DTRACE={configured} is not executable)" if configured else ""
         raise PgprobeError(
-            "dtrace not found: DTrace comes with illumos, Solaris, FreeBSD and macOS; on "
-            "Linux run scripts/setup-dtrace (DTrace for Linux) or use --engine bpftrace "
-            "(or set PGPROBE_DTRACE to its path)",
+            f"dtrace not found{said}: DTrace comes with illumos, Solaris, FreeBSD and macOS; "
+            "on Linux run scripts/setup-dtrace (DTrace for Linux) or use --engine bpftrace",
             EXIT_ENV,
         )
     refusal: PgprobeError | None = None
@@ -83,7 +82,6 @@ def find_dtrace() -> Dtrace:
     raise refusal
 
 
-@functools.cache
 def dtrace_version(dtrace: str) -> str:
     """What `dtrace -V` says ("Sun D 1.13", "D 2.0.7"); refuses a `dtrace` that is not DTrace.
 
