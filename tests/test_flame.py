@@ -100,8 +100,14 @@ def stop(probe: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
-def run_query(cluster: PgCluster, conn: psycopg.Connection[Any], pid: int, cpu_s: float) -> None:
-    """QUERY until the backend has used `cpu_s` of CPU time, then cancel it.
+def run_query(
+    cluster: PgCluster,
+    conn: psycopg.Connection[Any],
+    pid: int,
+    cpu_s: float,
+    query: str = QUERY,
+) -> None:
+    """QUERY (or `query`) until the backend has used `cpu_s` of CPU time, then cancel it.
 
     CPU time, not wall time: on a shared machine the backend may get a small
     share of a CPU, and the checks need enough samples to judge.
@@ -111,7 +117,7 @@ def run_query(cluster: PgCluster, conn: psycopg.Connection[Any], pid: int, cpu_s
 
     def work() -> None:
         try:
-            conn.execute(QUERY)
+            conn.execute(query)
         except psycopg.errors.QueryCanceled:
             pass
         except BaseException as exc:  # reported below, in the test's thread
