@@ -123,7 +123,17 @@ def test_clog_reads_equal_pg_stat_slru(
     pg = slru_cluster
     with pg.connect() as conn:
         first, last = burn_xids(pg.conninfo, xact_burn_size(conn))
-        run = Run(tmp_path, "clog-reads", *pg.conn_args, "-d", "600", "--json", dtrace=dtrace)
+        run = Run(
+            tmp_path,
+            "clog-reads",
+            *pg.conn_args,
+            "--engine",
+            "dtrace",
+            "-d",
+            "600",
+            "--json",
+            dtrace=dtrace,
+        )
         attach_s = run.wait_attached("@@attached")
         before = slru_stats(conn)
         xids = provoke_xact_reads(conn, first, last)
@@ -204,8 +214,8 @@ def test_flame_counts_cpu_time_and_names_md5(
     with cluster.connect() as conn:
         conn.execute("SET jit = off")
         pid = conn.info.backend_pid
-        run = Run(tmp_path, "flame", *cluster.conn_args, "--pid", str(pid), "-F", str(hz),
-                  "-d", "600", "--folded", dtrace=dtrace)  # fmt: skip
+        args = ["--engine", "dtrace", "--pid", str(pid), "-F", str(hz), "-d", "600", "--folded"]
+        run = Run(tmp_path, "flame", *cluster.conn_args, *args, dtrace=dtrace)
         attach_s = run.wait_attached("@@attached")
         before = cpu_seconds(pid)
         run_query(cluster, conn, pid, 2.0, MD5_QUERY)
