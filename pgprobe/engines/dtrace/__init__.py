@@ -14,6 +14,7 @@ package is split by concern:
 
 from __future__ import annotations
 
+from pgprobe.engines.dtrace import perpid
 from pgprobe.engines.dtrace.capture import STOP_KILL_S, DtraceCapture
 from pgprobe.engines.dtrace.output import DtraceOutput, quantize_buckets
 from pgprobe.engines.dtrace.platform import (
@@ -50,6 +51,7 @@ __all__ = [
     "find_dtrace",
     "is_frame",
     "parse_ustack_aggregation",
+    "perpid",
     "preflight",
     "quantize_buckets",
     "require_privileges",
