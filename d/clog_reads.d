@@ -8,8 +8,8 @@
  * opens the segment file, reads one BLCKSZ page (pread since 12, lseek + read
  * before) and closes it. This script times the read system calls (read,
  * readv, pread*) of the cluster's processes whose file descriptor is a file
- * in an enabled SLRU directory, as DTrace's fds[] array names it
- * (fds[arg0].fi_dirname / fi_name, the kernel's path of the open file). Per
+ * in an enabled SLRU directory, as the kernel names the open file (fds[],
+ * or the dentry on Linux: see PLATFORM LIBRARY below). Per
  * pid and segment file it keeps the number of reads, the bytes and the read
  * latency; optionally the user stack of each read, or one line per read.
  * Each read counted is one blks_read in pg_stat_slru.
