@@ -1,0 +1,64 @@
+"""/proc/PID/maps: one process's mappings, parsed."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int  # file offset of `start`
+    inode: int
+    path: str  # without " (deleted)"
+    deleted: bool
+
+    @property
+    def kind(self) -> str:
+        if self.inode and self.path.startswith("/"):
+            return "file"
+        if self.path.startswith("[stack"):
+            return "[stack]"
+        if self.path in ("[heap]", "[vdso]", "[vsyscall]", "[vvar]"):
+            return self.path
+        return "[anon]"
+
+    @property
+    def module(self) -> str:
+        k = self.kind
+        return os.path.basename(self.path) if k == "file" else k
+
+
+_MAPS_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+(\S+)\s+([0-9a-f]+)\s+\S+\s+(\d+)\s*(.*)$")
+
+
+def parse_maps(text: str) -> list[Mapping]:
+    """Parse the text of /proc/PID/maps."""
+    out: list[Mapping] = []
+    for line in text.splitlines():
+        m = _MAPS_RE.match(line)
+        if not m:
+            continue
+        path = m.group(6)
+        deleted = path.endswith(" (deleted)")
+        if deleted:
+            path = path[: -len(" (deleted)")]
+        out.append(
+            Mapping(
+                start=int(m.group(1), 16),
+                end=int(m.group(2), 16),
+                perms=m.group(3),
+                offset=int(m.group(4), 16),
+                inode=int(m.group(5)),
+                path=path,
+                deleted=deleted,
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------
