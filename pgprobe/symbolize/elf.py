@@ -107,7 +107,7 @@ class ElfImage:
                 if dsyms:
                     syms += dsyms
                     self.symbols = f"debug file {debug}"
-        self.fde_starts, self.fde_ends = eh_frame_functions(elf)
+        self.eh_frame = eh_frame_functions(elf)
         self._index(syms)
         self._cache: dict[int, tuple[str, int, bool]] = {}
 
@@ -189,10 +189,8 @@ class ElfImage:
                 break
             i -= 1
         if res is None:
-            j = bisect.bisect_right(self.fde_starts, vaddr) - 1
-            start = vaddr
-            if j >= 0 and vaddr < self.fde_ends[j]:
-                start = self.fde_starts[j]
+            j = self.eh_frame.find(vaddr)
+            start = vaddr if j is None else self.eh_frame.starts[j]
             res = (f"{self.module}+0x{start:x}", start, False)
         self._cache[vaddr] = res
         return res

@@ -14,6 +14,7 @@ from pgprobe.symbolize.elf import DEFAULT_DEBUG_ROOT, ElfImage
 from pgprobe.symbolize.frames import UNKNOWN, Frame, ModuleStats, SymbolStats
 from pgprobe.symbolize.kernel import KernelSymbols
 from pgprobe.symbolize.maps import Mapping, parse_maps
+from pgprobe.symbolize.perfmap import PerfMaps
 
 
 class _ProcMaps:
@@ -75,6 +76,7 @@ class Symbolizer:
         self._kernel_counts: dict[int, int] = {}
         self._kernel_cache: dict[int, Frame] = {}
         self._stats = SymbolStats()
+        self._perf_maps = PerfMaps()
 
     # -- snapshots ---------------------------------------------------------
 
@@ -198,11 +200,38 @@ class Symbolizer:
 
     # -- resolution ----------------------------------------------------------
 
+    def code_at(self, pid: int, addr: int) -> tuple[Mapping | None, ElfImage | None, int]:
+        """For an unwinder: the mapping of pid's addr, its ELF image, and the ELF address.
+
+        The image is None for anonymous memory (JIT code) or an unreadable
+        file; the ELF address is then addr itself.
+        """
+        pm = self._maps_for(pid)
+        m = pm.find(addr)
+        if m is None:
+            return None, None, addr
+        if m.kind == "file":
+            img = self._image(m, pm.pid)
+            file_offset = addr - m.start + m.offset
+        elif m.kind == "[vdso]":
+            img = self._vdso_image()
+            file_offset = addr - m.start
+        else:
+            return m, None, addr
+        if img is None:
+            return m, None, addr
+        vaddr = img.vaddr(file_offset)
+        return m, img, file_offset if vaddr is None else vaddr
+
     def _resolve(self, pm: _ProcMaps, addr: int) -> Frame:
         m = pm.find(addr)
         if m is None:
             return _UNKNOWN_FRAME
         kind = m.kind
+        if kind == "[anon]" and "x" in m.perms:
+            # Executable anonymous memory is generated code: named from the
+            # process's /tmp/perf-PID.map when it writes one, else [jit].
+            return self._perf_maps.frame(pm.pid, addr, self._proc)
         if kind == "file":
             module = m.module
             file_offset = addr - m.start + m.offset

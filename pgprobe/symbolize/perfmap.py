@@ -1,0 +1,74 @@
+"""Names of generated code from /tmp/perf-PID.map (the convention of perf, bcc, bpftrace).
+
+A JIT that wants profilers to name its code writes one line per function,
+``START SIZE name`` (hex start and size), to /tmp/perf-PID.map: JVMs (with
+``jcmd PID Compiler.perfmap`` or ``-XX:+DumpPerfMapAtExit``, perf-map-agent),
+V8/Node (``--perf-basic-prof``), LuaJIT. PostgreSQL's own LLVM JIT does not:
+``jit_profiling_support`` writes perf's jitdump files (~/.debug/jit/...), which
+``perf inject --jit`` reads and pgprobe does not. Executable anonymous memory
+that no map names is shown as ``[jit]``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+
+from pgprobe.symbolize.frames import Frame
+
+JIT = "[jit]"
+
+
+class _PerfMap:
+    def __init__(self, rows: list[tuple[int, int, str]]) -> None:
+        rows.sort()
+        self.starts = [r[0] for r in rows]
+        self.ends = [r[0] + r[1] for r in rows]
+        self.names = [r[2] for r in rows]
+
+    def lookup(self, addr: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.ends[i]:
+            return self.names[i], addr - self.starts[i]
+        return None
+
+
+def parse_perf_map(text: str) -> list[tuple[int, int, str]]:
+    """(start, size, name) rows of a perf map; malformed lines are skipped."""
+    rows: list[tuple[int, int, str]] = []
+    for line in text.splitlines():
+        parts = line.strip().split(None, 2)
+        if len(parts) != 3:
+            continue
+        try:
+            rows.append((int(parts[0], 16), int(parts[1], 16), parts[2]))
+        except ValueError:
+            continue
+    return rows
+
+
+class PerfMaps:
+    """/tmp/perf-PID.map of each pid, read once per pid (None: the pid has none)."""
+
+    def __init__(self, tmp: str = "/tmp") -> None:
+        self.tmp = tmp
+        self._maps: dict[int, _PerfMap | None] = {}
+
+    def _load(self, pid: int, proc: str) -> _PerfMap | None:
+        for path in (f"{self.tmp}/perf-{pid}.map", f"{proc}/{pid}/root/tmp/perf-{pid}.map"):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    return _PerfMap(parse_perf_map(f.read()))
+            except OSError:
+                continue
+        return None
+
+    def frame(self, pid: int, addr: int, proc: str = "/proc") -> Frame:
+        if pid not in self._maps:
+            self._maps[pid] = self._load(pid, proc)
+        pm = self._maps[pid]
+        hit = pm.lookup(addr) if pm is not None else None
+        if hit is None:
+            return Frame(JIT, JIT, False)
+        name, offset = hit
+        return Frame(name, os.path.basename(f"perf-{pid}.map"), True, offset)
