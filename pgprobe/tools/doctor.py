@@ -22,6 +22,7 @@ from pgprobe.engines import bpftrace
 from pgprobe.errors import PgprobeError
 from pgprobe.render import table
 from pgprobe.tools import common
+from pgprobe.unwind import fpcheck
 
 NAME = "doctor"
 EXIT_NOT_READY = 1
@@ -313,7 +314,7 @@ def _frame_pointer_check(binary: str) -> Check:
     if share is None:
         return Check("frame pointers", "warn", "could not inspect the binary")
     pct = f"{100 * share:.0f} % of exported functions start with push %rbp; mov %rsp,%rbp"
-    if share >= 0.5:
+    if share >= fpcheck.HAS_FRAME_POINTERS:
         return Check("frame pointers", "ok", f"likely ({pct})")
     return Check(
         "frame pointers", "warn", f"probably omitted ({pct}): CPU stacks will be short",
@@ -321,32 +322,9 @@ def _frame_pointer_check(binary: str) -> Check:
     )  # fmt: skip
 
 
-def frame_pointer_share(binary: str, sample: int = 400) -> float | None:
+def frame_pointer_share(binary: str) -> float | None:
     """Share of exported x86-64 functions whose prologue saves the frame pointer."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    prologues = (b"\x55\x48\x89\xe5", b"\xf3\x0f\x1e\xfa\x55\x48\x89\xe5")
-    try:
-        with open(binary, "rb") as f:
-            elf = ELFFile(f)
-            if elf["e_machine"] != "EM_X86_64":
-                return None
-            text = elf.get_section_by_name(".text")
-            dynsym = elf.get_section_by_name(".dynsym")
-            if text is None or dynsym is None:
-                return None
-            data, base = text.data(), text["sh_addr"]
-            funcs = [
-                s["st_value"] for s in dynsym.iter_symbols()  # type: ignore[attr-defined]
-                if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s["st_size"] > 16
-            ][:sample]  # fmt: skip
-    except (OSError, ELFError):
-        return None
-    starts = [data[a - base : a - base + 8] for a in funcs if 0 <= a - base < len(data)]
-    if not starts:
-        return None
-    return sum(1 for s in starts if s.startswith(prologues)) / len(starts)
+    return fpcheck.frame_pointer_share(binary)
 
 
 def _symbols_check(binary: str) -> Check:

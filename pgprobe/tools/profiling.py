@@ -66,6 +66,9 @@ from pgprobe.errors import EXIT_TRACER, PgprobeError
 from pgprobe.stacks import fold
 from pgprobe.symbolize import KERNEL_SUFFIX, UNKNOWN, Frame, Symbolizer, folded_names
 from pgprobe.tools import common
+from pgprobe.unwind import choose, truncation
+from pgprobe.unwind.capture import PerfCapture
+from pgprobe.unwind.fpcheck import lacks_frame_pointers
 
 SCRIPT = "profile"  # bpf/profile.bt
 DEFAULT_HZ = 99
@@ -112,6 +115,15 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kernel", action="store_true", help="kernel stacks too (frames named from kallsyms)"
     )
+    parser.add_argument(
+        "--unwind",
+        choices=choose.MODES,
+        default="auto",
+        help="how user stacks are walked: fp (frame pointers, in the kernel: cheapest), "
+        "dwarf (perf copies the stack, pgprobe unwinds it with .eh_frame: whole stacks "
+        "on builds without frame pointers), auto (default: dwarf when the server or a "
+        "library it uses lacks frame pointers)",
+    )
 
 
 UNKNOWN_FRAME = Frame(UNKNOWN, UNKNOWN, False)  # the leaf of an empty stack
@@ -148,6 +160,15 @@ class Profile:
     server_unresolved_pct: float
     server_symbols: str  # "symtab", "dynsym", "debug file ...", "none"
     backends: dict[int, Backend] = field(default_factory=dict)  # seen during the capture
+    unwind: str = "fp"  # how user stacks were walked: fp or dwarf
+    unwind_reason: str = ""  # why (auto's choice)
+    truncated: dict[str, int] = field(default_factory=dict)  # samples cut short, per reason
+    bytes_per_sample: int = 0  # dwarf: perf.data bytes per sample
+    unwind_cpu_s: float = 0.0  # dwarf: CPU seconds to read and unwind the samples
+
+    @property
+    def truncated_samples(self) -> int:
+        return sum(self.truncated.values())
 
     @property
     def samples(self) -> int:
@@ -223,7 +244,10 @@ class Profile:
             "samples": f"{self.samples:,}",
             "lost": f"{self.lost_samples:,}",
             "unresolved frames": f"{self.unresolved_pct:.1f} %",
+            "unwind": self.unwind,
         }
+        if self.truncated_samples:
+            facts["cut stacks"] = f"{self.truncated_samples:,} ({self._truncated_pct():.1f} %)"
         if self.info.interrupted:
             facts["duration"] += " (interrupted)"
         return facts
@@ -243,6 +267,12 @@ class Profile:
             unresolved_frames_pct=round(self.unresolved_pct, 2),
             server_unresolved_frames_pct=round(self.server_unresolved_pct, 2),
             server_symbols=self.server_symbols,
+            unwind=self.unwind,
+            unwind_reason=self.unwind_reason,
+            truncated_samples=self.truncated_samples,
+            truncated_reasons=dict(sorted(self.truncated.items(), key=lambda kv: -kv[1])),
+            bytes_per_sample=self.bytes_per_sample if self.unwind == "dwarf" else None,
+            unwind_cpu_s=round(self.unwind_cpu_s, 3) if self.unwind == "dwarf" else None,
         )
         data.update(extra)
         return data
@@ -261,9 +291,29 @@ class Profile:
                 "stack (shown as [unknown]): the kernel's stack map refused it (a hash "
                 "collision) or the process was exiting"
             )
+        if self.truncated_samples:
+            out.append(truncation_warning(self))
         if self.server_unresolved_pct >= UNRESOLVED_WARN_PCT:
             out.append(unresolved_warning(self))
         return out
+
+    def _truncated_pct(self) -> float:
+        return 100.0 * self.truncated_samples / self.samples if self.samples else 0.0
+
+
+def truncation_warning(profile: Profile) -> str:
+    """One line: how many stacks stop short of main, why, and what gives whole ones."""
+    reasons = sorted(profile.truncated.items(), key=lambda kv: -kv[1])
+    why = "; ".join(f"{reason} ({n:,})" for reason, n in reasons[:3])
+    more = f"; {len(reasons) - 3} more reasons" if len(reasons) > 3 else ""
+    line = (
+        f"{profile.truncated_samples:,} of {profile.samples:,} samples "
+        f"({profile._truncated_pct():.0f} %) have a stack cut short, ending in "
+        f"[truncated: ...]: {why}{more}"
+    )
+    if profile.unwind == "fp":
+        line += "; --unwind dwarf walks them whole"
+    return line
 
 
 def unresolved_warning(profile: Profile) -> str:
@@ -405,6 +455,8 @@ class ProfileRun:
     watcher: ChildWatcher | None
     hz: int
     kernel: bool
+    unwind: str = "fp"
+    unwind_reason: str = ""
 
     def finish(self, snapshot: Snapshot, info: RunInfo, names_at_end: bool = False) -> Profile:
         # Said once, as samples_without_stack (see the module doc), instead of per sample.
@@ -415,7 +467,9 @@ class ProfileRun:
         ]
         _merge_repeated_warnings(info)
         common.refresh_if_needed(self.targets, names_at_end)
-        return name_stacks(
+        inner = self.capture.inner if isinstance(self.capture, _Ticking) else self.capture
+        perf = inner if isinstance(inner, PerfCapture) else None
+        profile = name_stacks(
             self.targets,
             info,
             snapshot,
@@ -423,7 +477,13 @@ class ProfileRun:
             hz=self.hz,
             kernel=self.kernel,
             backends=self.watcher.backends if self.watcher else {},
+            stops=perf.stops if perf is not None else None,
         )
+        profile.unwind, profile.unwind_reason = self.unwind, self.unwind_reason
+        if perf is not None:
+            profile.bytes_per_sample = perf.cost.bytes_per_sample
+            profile.unwind_cpu_s = perf.cost.post_cpu_s
+        return profile
 
 
 def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
@@ -436,16 +496,37 @@ def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
     if watcher is not None:
         watcher.seen.update(targets.pids)  # snapshotted just above
         watcher.scan()
-    env = {
-        "BPFTRACE_NO_USER_SYMBOLS": "1",
-        "BPFTRACE_MAP_KEYS_MAX": str(map_keys(ns.duration, ns.hz)),
-    }
-    running: Capture = common.capture(
-        ns, SCRIPT, script_args(targets, ns.hz, ns.kernel), MAPS, env=env
-    )
+    mode, why = choose_unwind(ns, targets)
+    running: Capture
+    perf = choose.perf_binary()
+    if mode == "dwarf":
+        if perf is None:
+            raise PgprobeError(
+                "--unwind dwarf needs perf: install it (Debian/Ubuntu: linux-perf or "
+                "linux-tools-$(uname -r); RHEL: perf)",
+                EXIT_TRACER,
+            )
+        pids = [targets.cluster.postmaster_pid, *sorted(watcher.seen)] if watcher else targets.pids
+        running = PerfCapture(perf, sorted(set(pids)), ns.hz, ns.duration, ns.kernel, symbolizer)
+    else:
+        env = {
+            "BPFTRACE_NO_USER_SYMBOLS": "1",
+            "BPFTRACE_MAP_KEYS_MAX": str(map_keys(ns.duration, ns.hz)),
+        }
+        running = common.capture(ns, SCRIPT, script_args(targets, ns.hz, ns.kernel), MAPS, env=env)
     if watcher is not None:
         running = _Ticking(running, watcher.tick)
-    return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel)
+    return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel, mode, why)
+
+
+def choose_unwind(ns: argparse.Namespace, targets: Targets) -> tuple[str, str]:
+    """fp or dwarf for this capture (DTrace walks stacks itself: always fp)."""
+    wanted = getattr(ns, "unwind", "fp")
+    if getattr(ns, "engine", "auto") == "dtrace":
+        if wanted == "dwarf":
+            raise PgprobeError("--unwind dwarf needs perf (Linux): not with --engine dtrace", 2)
+        return "fp", "DTrace walks the stacks itself"
+    return choose.choose(wanted, targets.cluster.binary, targets.cluster.postmaster_pid)
 
 
 def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
@@ -479,11 +560,15 @@ def name_stacks(
     hz: int,
     kernel: bool,
     backends: dict[int, Backend] | None = None,
+    stops: dict[tuple[int, tuple[int, ...]], str] | None = None,
 ) -> Profile:
     """Name the stack maps of a capture's snapshot into a Profile of the targets.
 
-    Raw addresses (bpftrace) are named by the symbolizer; stacks the tracer
-    named itself (DTrace: NamedStack) are taken as they are.
+    Raw addresses (bpftrace, perf) are named by the symbolizer; stacks the
+    tracer named itself (DTrace: NamedStack) are taken as they are. A user
+    stack that stops short of its root ends in a ``[truncated: why]`` frame:
+    ``stops`` gives the reasons of a DWARF walk (pgprobe.unwind.capture);
+    without it (frame pointers) pgprobe.unwind.truncation judges the stack.
     """
     wanted = None if targets.whole_cluster else set(targets.pids)
     own = targets.cluster.own_pid
@@ -492,6 +577,8 @@ def name_stacks(
     frames_named = {True: 0, False: 0}
     server_named = {True: 0, False: 0}
     out: list[StackCount] = []
+    truncated: dict[str, int] = {}
+    lacks_fp = _module_lacks_fp(symbolizer)
     raw: list[tuple[Key, AggValue]] = [
         ((k[0], (), k[1]), v) for k, v in snapshot.get("stacks").items()
     ]
@@ -504,8 +591,19 @@ def name_stacks(
         user = _frames(symbolizer, pid, ustack, value, kernel=False)
         if not user:
             stackless += value
+        reason: str | None = None
+        if stops is not None:
+            reason = stops.get((pid, ustack)) if isinstance(ustack, tuple) else None
+            if reason is not None:
+                user.append(truncation.truncated_frame(reason))
+        elif isinstance(ustack, tuple) and user:
+            user, reason = truncation.cut_fp_stack(user, lacks_fp)
+        if reason is not None:
+            truncated[reason] = truncated.get(reason, 0) + value
         frames = _frames(symbolizer, pid, kstack, value, kernel=True) + user
         for f in frames:
+            if truncation.is_truncation(f):
+                continue
             frames_named[f.resolved] += value
             if f.module == module:
                 server_named[f.resolved] += value
@@ -530,7 +628,22 @@ def name_stacks(
         server_unresolved_pct=100.0 * server_named[False] / server_frames if server_frames else 0.0,
         server_symbols=server.symbols if server else "",
         backends=dict(backends or {}),
+        truncated=truncated,
     )
+
+
+def _module_lacks_fp(symbolizer: Symbolizer) -> Callable[[str], bool]:
+    """Whether a module (basename) of the capture lacks frame pointers, by its path."""
+    paths: dict[str, str] = {}
+
+    def lacks(module: str) -> bool:
+        if module not in paths:  # modules appear as stacks are named: look again
+            paths.update({m: s.path for m, s in symbolizer.stats.modules.items()})
+            paths.setdefault(module, "")
+        path = paths[module]
+        return bool(path) and lacks_frame_pointers(path)
+
+    return lacks
 
 
 def _frames(
@@ -550,6 +663,8 @@ def _frames(
 def print_warnings(profile: Profile) -> None:
     """Every loss and the missing-symbols fix, on stderr (stdout stays clean)."""
     common.print_losses(profile.info)
+    if "lack" in profile.unwind_reason:  # auto's choice, when frame pointers are missing
+        print(f"pgprobe: stacks: {profile.unwind_reason}", file=sys.stderr)
     for line in profile.warnings():
         print(f"pgprobe: warning: {line}", file=sys.stderr)
 

@@ -1,0 +1,190 @@
+"""A CPU-sampling capture through perf's DWARF mode, unwound by pgprobe.
+
+``PerfCapture`` runs ``perf record -e cpu-clock -F HZ --call-graph
+dwarf,STACK -p PIDS`` into a temporary perf.data (perf follows the children
+the targets fork while it runs: backends of the postmaster), stops it with
+SIGINT at the end of the duration or on Ctrl-C, reads the samples
+(pgprobe.unwind.perfdata), unwinds each copied stack (pgprobe.unwind.dwarf)
+and yields one final Snapshot shaped like bpf/profile.bt's maps: ``stacks``
+{(pid, user addresses)} or ``kstacks`` {(pid, kernel addresses, user
+addresses)}, and ``samples``. So the rest of the profile pipeline does not
+know which way the stacks were walked; ``stops`` says why a stack stopped
+early, per (pid, user addresses).
+
+cpu-clock on a task counts that task's CPU time: a backend gets one sample
+per 1/HZ s it runs, whatever else the machine does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from pgprobe.engines.base import AggValue, Event, Key, RunInfo, Snapshot, TickCallback
+from pgprobe.errors import EXIT_TRACER, PgprobeError
+from pgprobe.symbolize import Symbolizer
+from pgprobe.unwind import perfdata
+from pgprobe.unwind.dwarf import Unwinder
+
+DEFAULT_STACK_BYTES = 16_384  # deep enough for PostgreSQL's stacks (measured: docs/flame.md)
+ATTACH_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class UnwindCost:
+    """What the DWARF mode cost, for meta and the docs."""
+
+    file_bytes: int = 0
+    samples: int = 0
+    post_cpu_s: float = 0.0  # reading perf.data and unwinding, CPU seconds of pgprobe
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return self.file_bytes // self.samples if self.samples else 0
+
+
+def perf_version(perf: str) -> str:
+    try:
+        out = subprocess.run([perf, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip().removeprefix("perf version ")
+
+
+def _perf_fds(pid: int) -> int:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    n = 0
+    for fd in fds:
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]"
+        except OSError:
+            continue
+    return n
+
+
+class PerfCapture:
+    """A Capture (pgprobe.engines.base) of CPU samples with DWARF-unwound user stacks."""
+
+    def __init__(
+        self,
+        perf: str,
+        pids: Sequence[int],
+        hz: int,
+        duration: float,
+        kernel: bool,
+        symbolizer: Symbolizer,
+        stack_bytes: int = DEFAULT_STACK_BYTES,
+    ) -> None:
+        self.perf = perf
+        self.pids = list(pids)
+        self.hz = hz
+        self.duration = duration
+        self.kernel = kernel
+        self.symbolizer = symbolizer
+        self.stack_bytes = stack_bytes
+        self.info = RunInfo(engine="perf", engine_version=perf_version(perf))
+        self.on_tick: TickCallback | None = None
+        self.stops: dict[tuple[int, tuple[int, ...]], str] = {}
+        self.cost = UnwindCost()
+        self._stop = False
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def argv(self, output: str) -> list[str]:
+        return [
+            self.perf, "record", "-q", "-N", "-B", "-e", "cpu-clock", "-F", str(self.hz),
+            "--call-graph", f"dwarf,{self.stack_bytes}", "-o", output,
+            "-p", ",".join(str(p) for p in self.pids),
+        ]  # fmt: skip
+
+    def events(self) -> Iterator[Event]:
+        workdir = tempfile.mkdtemp(prefix="pgprobe-perf-")
+        try:
+            output = os.path.join(workdir, "perf.data")
+            self._record(output)
+            yield self._snapshot(output)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _record(self, output: str) -> None:
+        started = time.monotonic()
+        child = subprocess.Popen(
+            self.argv(output),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # Ctrl-C reaches pgprobe, which stops perf itself
+        )
+        attached: float | None = None
+        try:
+            while child.poll() is None:
+                now = time.monotonic()
+                if attached is None and _perf_fds(child.pid) >= len(self.pids):
+                    attached = now
+                    self.info.attach_seconds = now - started
+                    self.info.probes_attached = len(self.pids)
+                if attached is None and now - started > ATTACH_TIMEOUT_S:
+                    raise PgprobeError(
+                        "perf record did not start sampling within 30 s", EXIT_TRACER
+                    )
+                remaining = None if attached is None else max(0.0, self.duration - (now - attached))
+                if self.on_tick is not None:
+                    self.on_tick(self.info, remaining)
+                if remaining == 0.0 or (self._stop and attached is not None):
+                    self.info.interrupted = self._stop
+                    break
+                try:
+                    time.sleep(0.1)
+                except KeyboardInterrupt:
+                    self._stop = True
+        except KeyboardInterrupt:
+            self.info.interrupted = True
+        finally:
+            if attached is not None:
+                self.info.duration_seconds = time.monotonic() - attached
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+            try:
+                _, err = child.communicate(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                _, err = child.communicate()
+        problems = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
+        if not os.path.exists(output) or os.path.getsize(output) == 0:
+            detail = problems[-1] if problems else f"exit status {child.returncode}"
+            raise PgprobeError(f"perf record wrote no samples: {detail}", EXIT_TRACER)
+        self.info.warnings.extend(f"perf: {ln}" for ln in problems if "Warning" in ln)
+
+    def _snapshot(self, output: str) -> Snapshot:
+        t0 = time.process_time()
+        try:
+            data = perfdata.read(output)
+        except (OSError, perfdata.PerfDataError) as exc:
+            raise PgprobeError(f"cannot read perf's output: {exc}", EXIT_TRACER) from None
+        unwinder = Unwinder(self.symbolizer)
+        counts: dict[Key, int] = {}
+        for s in data.samples:
+            walk = unwinder.unwind(s.pid, s.regs, s.stack)
+            key: Key = (s.pid, tuple(s.kernel), walk.addrs) if self.kernel else (s.pid, walk.addrs)
+            counts[key] = counts.get(key, 0) + 1
+            if walk.stop:
+                self.stops[(s.pid, walk.addrs)] = walk.stop
+        # data.lost shows as lost_samples (samples minus the stored ones), not as lost events.
+        self.cost = UnwindCost(data.file_bytes, len(data.samples), time.process_time() - t0)
+        maps: dict[str, dict[Key, AggValue]] = {
+            "kstacks" if self.kernel else "stacks": dict(counts),
+            "samples": {(): len(data.samples) + data.lost},
+        }
+        return Snapshot(label=time.strftime("%H:%M:%S"), final=True, maps=maps)
