@@ -1525,12 +1525,41 @@ def capture_losses(doc: Doc) -> list[Finding]:
     ]
 
 
+def _truncated_stacks(profile: _Profile) -> dict[str, int]:
+    """Samples whose stack ends in '[truncated: why]' (pgprobe.unwind.truncation), per why."""
+    out: dict[str, int] = {}
+    for frames, n in profile.stacks:
+        root = frames[0] if frames else ""
+        if root.startswith("[truncated: "):
+            why = root.removeprefix("[truncated: ").removesuffix("]")
+            out[why] = out.get(why, 0) + n
+    return out
+
+
 @rule
 def capture_unresolved(doc: Doc) -> list[Finding]:
     pct = as_number(_meta(doc).get("unresolved_pct"))
     profile = _profile(doc)
     if pct < UNRESOLVED_PCT or profile is None:
         return []
+    cut = _truncated_stacks(profile)
+    if sum(cut.values()) >= 0.2 * profile.samples:
+        reason, _ = max(cut.items(), key=lambda kv: kv[1])
+        share = 100.0 * sum(cut.values()) / profile.samples
+        return [
+            Finding(
+                id="capture.unresolved",
+                severity="low",
+                title=f"{_pct(share)} of CPU stacks are cut short ({reason}): "
+                "the frame-pointer walk cannot pass code built without frame pointers",
+                evidence=f"meta.unresolved_pct {_n(pct)}; {_n(sum(cut.values()))} of "
+                f"{_n(profile.samples)} CPU samples end in [truncated: ...] frames",
+                next_step="profile again with `pgprobe flame --unwind dwarf` (perf copies the "
+                "stack and pgprobe unwinds it with .eh_frame): debug symbols would not help",
+                magnitude=share,
+                section="capture",
+            )
+        ]
     major = _major(doc)
     pkgs = (
         f"postgresql-{major}-dbgsym (Debian/Ubuntu, from the debug archive) or "

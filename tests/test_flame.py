@@ -44,6 +44,7 @@ QUERY = (
     "SELECT sum(hashtext(repeat(g::text || repeat('abcdefghij', 10), 20))) "
     "FROM (SELECT generate_series(1, 2000000000) AS g) s"
 )
+FP = ("--unwind", "fp")  # these tests check the frame-pointer walk (bpftrace)
 HOT = "hash_bytes"  # the function that query spends its CPU in
 QUERY_FUNCTIONS = {"hash_bytes", "repeat", "hashtext", "textcat", "int4out", "pg_ltoa"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -192,7 +193,7 @@ def test_flame_folded_is_the_query_and_counts_its_cpu_time(
 ) -> None:
     conn, pid = backend
     hz = 997  # ~2000 samples: 10 % is 4 sigma even when preemption makes sampling random
-    probe = start_pgprobe("flame", *cluster.conn_args, "--pid", str(pid), "-F", str(hz),
+    probe = start_pgprobe("flame", *cluster.conn_args, *FP, "--pid", str(pid), "-F", str(hz),
                           "-d", "60", "--folded")  # fmt: skip
     wait_sampling(probe)
     before = cpu_seconds(pid)
@@ -220,7 +221,7 @@ def test_flame_folded_is_the_query_and_counts_its_cpu_time(
 
 
 def test_hot_ranks_the_query_functions_on_top(cluster: PgCluster, busy: int) -> None:
-    done = run_pgprobe(["hot", *cluster.conn_args, "--pid", str(busy), "-d", "3", "--json",
+    done = run_pgprobe(["hot", *cluster.conn_args, *FP, "--pid", str(busy), "-d", "3", "--json",
                         "--top", "0"])  # fmt: skip
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -247,14 +248,16 @@ def test_hot_ranks_the_query_functions_on_top(cluster: PgCluster, busy: int) -> 
     assert run["total_pct"] >= 95
 
     # The same capture, one row per module (--lib), then flame's own --json.
-    libs = run_pgprobe(["hot", *cluster.conn_args, "--pid", str(busy), "-d", "1.5", "--json",
+    libs = run_pgprobe(["hot", *cluster.conn_args, *FP, "--pid", str(busy), "-d", "1.5", "--json",
                         "--lib"])  # fmt: skip
     assert libs.returncode == 0, libs.stderr
     lib_rows = json.loads(libs.stdout)["rows"]
     assert lib_rows[0]["module"] == "postgres" and "function" not in lib_rows[0]
     assert lib_rows[0]["self_pct"] >= 80
 
-    flame = run_pgprobe(["flame", *cluster.conn_args, "--pid", str(busy), "-d", "1.5", "--json"])
+    flame = run_pgprobe(
+        ["flame", *cluster.conn_args, *FP, "--pid", str(busy), "-d", "1.5", "--json"]
+    )
     assert flame.returncode == 0, flame.stderr
     fdoc = json.loads(flame.stdout)
     assert fdoc["tool"] == "flame"
@@ -267,7 +270,7 @@ def test_backend_that_exits_during_the_capture_is_named_per_backend(
     cluster: PgCluster, tracing: None
 ) -> None:
     hz = 997  # ~2000 samples: 10 % is 4 sigma even when preemption makes sampling random
-    probe = start_pgprobe("flame", *cluster.conn_args, "-F", str(hz), "-d", "60", "--folded",
+    probe = start_pgprobe("flame", *cluster.conn_args, *FP, "-F", str(hz), "-d", "60", "--folded",
                           "--per-backend")  # fmt: skip
     wait_sampling(probe)
     # A backend born after the capture started, that runs the query and exits.
@@ -363,7 +366,7 @@ def test_from_output_of_a_capture_round_trips(
     cluster: PgCluster, busy: int, tmp_path: Path
 ) -> None:
     folded = tmp_path / "real.folded"
-    done = run_pgprobe(["flame", *cluster.conn_args, "--pid", str(busy), "-d", "1.5",
+    done = run_pgprobe(["flame", *cluster.conn_args, *FP, "--pid", str(busy), "-d", "1.5",
                         "--folded", "-o", str(folded)])  # fmt: skip
     assert done.returncode == 0, done.stderr
     stacks = parse_folded(folded.read_text())

@@ -386,10 +386,21 @@ def test_unreadable_pid_and_unmapped_addresses(build: Build, start: Start) -> No
     assert sym.snapshot(r.pid)
     anon, heap = r.addr["anon"], r.addr["heap"]
     frames = sym.user_frames(r.pid, [anon + 0x10, heap, 8])
-    assert frames[0] == Frame("[anon]", "[anon]", False, 0x10)
-    assert frames[0].label == "[anon]+0x10"
+    # Executable anonymous memory is generated code: [jit], or its name in /tmp/perf-PID.map.
+    assert frames[0] == Frame("[jit]", "[jit]", False, 0x10)
+    assert frames[0].label == "[jit]+0x10"
     assert frames[1].name == "[heap]"
     assert frames[2] == Frame("[unknown]", "[unknown]", False)
+    perf_map = Path(f"/tmp/perf-{r.pid}.map")
+    perf_map.write_text(f"{anon:x} 40 jitted_fn\nnot a line\n")
+    try:
+        named = Symbolizer(kallsyms=False)
+        assert named.snapshot(r.pid)
+        assert named.user_frames(r.pid, [anon + 0x10])[0] == Frame(
+            "jitted_fn", f"perf-{r.pid}.map", True, 0x10
+        )
+    finally:
+        perf_map.unlink()
 
 
 def test_vdso(build: Build, start: Start) -> None:

@@ -63,12 +63,13 @@ class PerfMaps:
                 continue
         return None
 
-    def frame(self, pid: int, addr: int, proc: str = "/proc") -> Frame:
+    def frame(self, pid: int, addr: int, region_start: int, proc: str = "/proc") -> Frame:
+        """A frame for addr in pid's executable anonymous memory starting at region_start."""
         if pid not in self._maps:
             self._maps[pid] = self._load(pid, proc)
         pm = self._maps[pid]
         hit = pm.lookup(addr) if pm is not None else None
         if hit is None:
-            return Frame(JIT, JIT, False)
+            return Frame(JIT, JIT, False, addr - region_start)
         name, offset = hit
         return Frame(name, os.path.basename(f"perf-{pid}.map"), True, offset)

@@ -231,7 +231,7 @@ class Symbolizer:
         if kind == "[anon]" and "x" in m.perms:
             # Executable anonymous memory is generated code: named from the
             # process's /tmp/perf-PID.map when it writes one, else [jit].
-            return self._perf_maps.frame(pm.pid, addr, self._proc)
+            return self._perf_maps.frame(pm.pid, addr, m.start, self._proc)
         if kind == "file":
             module = m.module
             file_offset = addr - m.start + m.offset
