@@ -1,5 +1,9 @@
 """CPU profiles of PostgreSQL processes: what `pgprobe flame` and `pgprobe hot` share.
 
+(Over 400 lines: the split into a package — options, capture, naming, the
+Profile result — is pending (issue 15); the stack walking itself lives in
+pgprobe.unwind.)
+
 One pipeline, used by both commands:
 
 1. Targets from discovery (``--pid`` and the filters, as every tool).
@@ -9,7 +13,11 @@ One pipeline, used by both commands:
    while the capture runs (a scan of /proc every half second or so, from the
    capture's tick), so that backends that come and go during the capture keep
    the libraries they loaded themselves.
-3. ``bpf/profile.bt`` (``profile:hz``) through ``common.capture()`` with
+3. ``--unwind`` (pgprobe.unwind.choose): ``fp`` runs ``bpf/profile.bt``
+   (below); ``dwarf`` runs ``perf record --call-graph dwarf`` and unwinds the
+   copied stacks itself (pgprobe.unwind.capture.PerfCapture), yielding the
+   same maps. Otherwise:
+   ``bpf/profile.bt`` (``profile:hz``) through ``common.capture()`` with
    ``BPFTRACE_NO_USER_SYMBOLS=1``: counts per (pid, [kernel stack,] user stack)
    of raw addresses, and ``@samples``, every sample taken.
 4. The addresses named by ``pgprobe.symbolize.Symbolizer``, into a ``Profile``:
