@@ -1,0 +1,245 @@
+"""Running a CPU-sampling capture: maps snapshots, new backends, bpftrace or perf."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgprobe import proc
+from pgprobe.discover import Backend, Targets
+from pgprobe.engines.base import (
+    Capture,
+    Event,
+    RunInfo,
+    Snapshot,
+    TickCallback,
+)
+from pgprobe.errors import EXIT_TRACER, PgprobeError
+from pgprobe.symbolize import Symbolizer
+from pgprobe.tools import common
+from pgprobe.tools.profiling.naming import name_stacks
+from pgprobe.tools.profiling.options import (
+    MAPS,
+    MAX_MAP_KEYS,
+    MIN_MAP_KEYS,
+    SCAN_INTERVAL_S,
+    SCRIPT,
+)
+from pgprobe.tools.profiling.result import Profile
+from pgprobe.unwind import choose
+from pgprobe.unwind.capture import PerfCapture
+
+# -- capture ---------------------------------------------------------------------------------
+
+
+def check_server(targets: Targets) -> None:
+    """profile:hz needs no probe in the server: nothing to check beyond discovery."""
+
+
+def map_keys(duration: float, hz: int, cpus: int | None = None) -> int:
+    """BPFTRACE_MAP_KEYS_MAX for a capture: one key per possible sample, with headroom."""
+    wanted = int(duration * hz * (cpus or os.cpu_count() or 1) * 1.25) + 1024
+    return max(MIN_MAP_KEYS, min(MAX_MAP_KEYS, wanted))
+
+
+def script_args(targets: Targets, hz: int, kernel: bool) -> list[int | Path]:
+    """$1 HZ, $2 postmaster, $3 only this pid (0: all), $4 kernel stacks, $5 interval (0)."""
+    single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
+    return [hz, targets.cluster.postmaster_pid, single, int(kernel), 0]
+
+
+class ChildWatcher:
+    """Snapshots the maps of the postmaster's children as they appear (whole cluster).
+
+    Called from the capture's tick; scans /proc at most every SCAN_INTERVAL_S,
+    or less often when a scan is slow (many processes), so that it costs
+    about 2 % of one CPU at worst. Also notes what /proc says of each new
+    child (its backend type from the process title) for backends gone by the end.
+    """
+
+    def __init__(self, symbolizer: Symbolizer, targets: Targets) -> None:
+        self.symbolizer = symbolizer
+        self.targets = targets
+        self.seen: set[int] = set()
+        self.backends: dict[int, Backend] = {}
+        self.interval = SCAN_INTERVAL_S
+        self.next_scan = 0.0
+
+    def scan(self) -> None:
+        started = time.monotonic()
+        postmaster = self.targets.cluster.postmaster_pid
+        for pid in _children(postmaster):
+            if pid not in self.seen:
+                self.seen.add(pid)
+                self.symbolizer.snapshot(pid)
+            known = self.backends.get(pid)
+            # A fresh child carries the postmaster's title until it sets its own.
+            if known is None or known.backend_type in ("", "postmaster"):
+                self.backends[pid] = self.targets.describe(pid)
+        took = time.monotonic() - started
+        self.interval = max(SCAN_INTERVAL_S, 50 * took)
+        self.next_scan = time.monotonic() + self.interval
+
+    def tick(self) -> None:
+        if time.monotonic() >= self.next_scan:
+            self.scan()
+
+
+def _children(ppid: int) -> list[int]:
+    """Children of ppid from /proc/N/stat only (cheaper than proc.children)."""
+    out = []
+    for entry in os.scandir(proc.PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split(None, 2)
+        if len(fields) > 1 and fields[1] == str(ppid):
+            out.append(int(entry.name))
+    return out
+
+
+class _Ticking:
+    """A Capture that also calls `hook` at every tick of the wrapped capture."""
+
+    def __init__(self, inner: Capture, hook: Callable[[], None]) -> None:
+        self.inner = inner
+        self.info = inner.info
+        self.on_tick: TickCallback | None = None
+        self.hook = hook
+
+    def events(self) -> Iterator[Event]:
+        def tick(info: RunInfo, remaining: float | None) -> None:
+            self.hook()
+            if self.on_tick is not None:
+                self.on_tick(info, remaining)
+
+        self.inner.on_tick = tick
+        yield from self.inner.events()
+
+    def request_stop(self) -> None:
+        self.inner.request_stop()
+
+
+@dataclass
+class ProfileRun:
+    """A CPU-sampling capture under way, and how to name its stacks once it ends."""
+
+    targets: Targets
+    capture: Capture
+    symbolizer: Symbolizer
+    watcher: ChildWatcher | None
+    hz: int
+    kernel: bool
+    unwind: str = "fp"
+    unwind_reason: str = ""
+
+    def finish(self, snapshot: Snapshot, info: RunInfo, names_at_end: bool = False) -> Profile:
+        # Said once, as samples_without_stack (see the module doc), instead of per sample.
+        info.warnings[:] = [
+            w
+            for w in info.warnings
+            if w != "bpf helper get_stackid failed" and "failed to look up stack id" not in w
+        ]
+        _merge_repeated_warnings(info)
+        common.refresh_if_needed(self.targets, names_at_end)
+        inner = self.capture.inner if isinstance(self.capture, _Ticking) else self.capture
+        perf = inner if isinstance(inner, PerfCapture) else None
+        profile = name_stacks(
+            self.targets,
+            info,
+            snapshot,
+            self.symbolizer,
+            hz=self.hz,
+            kernel=self.kernel,
+            backends=self.watcher.backends if self.watcher else {},
+            stops=perf.stops if perf is not None else None,
+        )
+        profile.unwind, profile.unwind_reason = self.unwind, self.unwind_reason
+        if perf is not None:
+            profile.bytes_per_sample = perf.cost.bytes_per_sample
+            profile.unwind_cpu_s = perf.cost.post_cpu_s
+        return profile
+
+
+def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
+    """Snapshot the maps of the targets and set up profile.bt for them (not started yet)."""
+    symbolizer = Symbolizer(kallsyms=ns.kernel)
+    symbolizer.set_fallback(targets.cluster.postmaster_pid)
+    for pid in targets.pids:
+        symbolizer.snapshot(pid)
+    watcher = ChildWatcher(symbolizer, targets) if targets.whole_cluster else None
+    if watcher is not None:
+        watcher.seen.update(targets.pids)  # snapshotted just above
+        watcher.scan()
+    mode, why = choose_unwind(ns, targets)
+    running: Capture
+    perf = choose.perf_binary()
+    if mode == "dwarf":
+        if perf is None:
+            raise PgprobeError(
+                "--unwind dwarf needs perf: install it (Debian/Ubuntu: linux-perf or "
+                "linux-tools-$(uname -r); RHEL: perf)",
+                EXIT_TRACER,
+            )
+        pids = [targets.cluster.postmaster_pid, *sorted(watcher.seen)] if watcher else targets.pids
+        running = PerfCapture(perf, sorted(set(pids)), ns.hz, ns.duration, ns.kernel, symbolizer)
+    else:
+        env = {
+            "BPFTRACE_NO_USER_SYMBOLS": "1",
+            "BPFTRACE_MAP_KEYS_MAX": str(map_keys(ns.duration, ns.hz)),
+        }
+        running = common.capture(ns, SCRIPT, script_args(targets, ns.hz, ns.kernel), MAPS, env=env)
+    if watcher is not None:
+        running = _Ticking(running, watcher.tick)
+    return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel, mode, why)
+
+
+def choose_unwind(ns: argparse.Namespace, targets: Targets) -> tuple[str, str]:
+    """fp or dwarf for this capture (DTrace walks stacks itself: always fp)."""
+    wanted = getattr(ns, "unwind", "fp")
+    if getattr(ns, "engine", "auto") == "dtrace":
+        if wanted == "dwarf":
+            raise PgprobeError("--unwind dwarf needs perf (Linux): not with --engine dtrace", 2)
+        return "fp", "DTrace walks the stacks itself"
+    return choose.choose(wanted, targets.cluster.binary, targets.cluster.postmaster_pid)
+
+
+def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
+    """Discover, capture, name: the whole pipeline for the options of flame and hot.
+
+    names_at_end: re-read pg_stat_activity after the capture, to name the
+    backends that came during it (for --per-backend).
+    """
+    run = start(ns, common.prepare(ns, check_server))
+    final: tuple[Snapshot, RunInfo] | None = None
+    for snapshot, info in common.snapshots(run.capture, ns, "CPU samples"):
+        final = (snapshot, info)
+    if final is None:
+        raise PgprobeError("bpftrace ended without printing its maps", EXIT_TRACER)
+    return run.finish(*final, names_at_end=names_at_end)
+
+
+def _merge_repeated_warnings(info: RunInfo) -> None:
+    """'bpf helper X failed' once per sample would flood stderr: once, with a count."""
+    counts: dict[str, int] = {}
+    for w in info.warnings:
+        counts[w] = counts.get(w, 0) + 1
+    info.warnings[:] = [f"{w} ({n} times)" if n > 1 else w for w, n in counts.items()]
+
+
+def print_warnings(profile: Profile) -> None:
+    """Every loss and the missing-symbols fix, on stderr (stdout stays clean)."""
+    common.print_losses(profile.info)
+    if "lack" in profile.unwind_reason:  # auto's choice, when frame pointers are missing
+        print(f"pgprobe: stacks: {profile.unwind_reason}", file=sys.stderr)
+    for line in profile.warnings():
+        print(f"pgprobe: warning: {line}", file=sys.stderr)
