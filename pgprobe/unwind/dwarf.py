@@ -9,6 +9,15 @@ why the walk stopped when it did not reach the outermost frame (the frame
 whose return address is undefined: ``_start``): that reason becomes the
 stack's ``[truncated: ...]`` frame.
 
+Code with neither CFI nor a frame-pointer chain (PostgreSQL's LLVM JIT code
+on Debian 15 keeps data in rbp) is stepped over by scanning the stack above
+it for the first word that is a return address into a function with CFI
+(an address just after a call site, inside a function .eh_frame describes,
+and whose own frame unwinds to another such address); the caller's rbp is
+taken from the slot below it when that points further up the stack (where
+a prologue's ``push %rbp`` puts it). Frames found so are counted
+(``frames_by_scan``): a heuristic, as in perf's and gdb's fallbacks.
+
 Mappings and ELF images come from the Symbolizer's /proc snapshots, so
 backends that exited during the capture unwind like the others.
 """
@@ -16,6 +25,7 @@ backends that exited during the capture unwind like the others.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pgprobe.symbolize import Symbolizer
@@ -24,6 +34,7 @@ from pgprobe.unwind.cfi import RBP, RSP, CfiError, Rule, eval_expression, rule_a
 RIP = 16
 MAX_FRAMES = 256
 CALLEE_SAVED = (3, 6, 12, 13, 14, 15)  # rbx, rbp, r12-r15: kept across calls
+SCAN_BYTES = 4096  # how far above code without unwind information to look for its caller
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +49,7 @@ class Unwinder:
         self._rules: dict[tuple[int, int, bool], Rule | None | str] = {}
         self.frames_by_cfi = 0
         self.frames_by_fp = 0
+        self.frames_by_scan = 0
 
     def _rule(self, pid: int, pc: int, first: bool) -> tuple[Rule | None | str, str]:
         """(rule, module): the CFI rule at pc; None: no CFI there; str: why it failed."""
@@ -94,23 +106,78 @@ class Unwinder:
                         new[r] = value
                 self.frames_by_cfi += 1
             else:
-                # No CFI (JIT code): the frame-pointer chain, if it points into the copy.
+                # No CFI (JIT code): the frame-pointer chain if it leads to code, else a scan.
                 bp = regs.get(RBP)
                 ra = read(bp + 8) if bp is not None else None
                 saved_bp = read(bp) if bp is not None else None
-                if ra is None or saved_bp is None or bp is None:
-                    return Walk(tuple(out), f"no unwind information in {module}")
-                cfa = bp + 16
-                new[RBP] = saved_bp
-                self.frames_by_fp += 1
+                if (
+                    bp is not None
+                    and ra is not None
+                    and saved_bp is not None
+                    and (self._is_return_address(pid, ra) or self._in_generated_code(pid, ra))
+                ):
+                    cfa = bp + 16
+                    new[RBP] = saved_bp
+                    self.frames_by_fp += 1
+                else:
+                    found = self._scan(pid, regs, read, top)
+                    if found is None:
+                        return Walk(tuple(out), f"no unwind information in {module}")
+                    ra, cfa, new = found
+                    self.frames_by_scan += 1
             if ra is None:
                 return Walk(tuple(out), f"stack deeper than the {len(stack):,} bytes copied")
             if ra == 0:
                 return Walk(tuple(out), "")
-            if cfa <= regs[RSP]:
+            if cfa <= regs[RSP] and ra != 0:
                 return Walk(tuple(out), f"a frame that does not grow the stack in {module}")
             new[RSP] = cfa
             regs = new
             pc = ra
             first = False
         return Walk(tuple(out), f"more than {MAX_FRAMES} frames")
+
+    def _is_return_address(self, pid: int, addr: int) -> bool:
+        """addr follows a call inside a function that .eh_frame describes (not its start)."""
+        _, img, vaddr = self.symbolizer.code_at(pid, addr)
+        if img is None:
+            return False
+        i = img.eh_frame.find(vaddr - 1)
+        return i is not None and vaddr != img.eh_frame.starts[i]
+
+    def _in_generated_code(self, pid: int, addr: int) -> bool:
+        m, img, _ = self.symbolizer.code_at(pid, addr)
+        return m is not None and img is None and m.kind == "[anon]" and "x" in m.perms
+
+    def _scan(
+        self, pid: int, regs: dict[int, int], read: Callable[[int], int | None], top: int
+    ) -> tuple[int, int, dict[int, int]] | None:
+        """(return address, CFA, caller's registers) of code without unwind information."""
+        sp = regs[RSP]
+        for slot in range(sp, min(top, sp + SCAN_BYTES), 8):
+            ra = read(slot)
+            if ra is None or not self._is_return_address(pid, ra):
+                continue
+            new = {r: regs[r] for r in CALLEE_SAVED if r in regs}
+            bp = read(slot - 8) if slot - 8 >= sp else None
+            if bp is not None and slot < bp <= top:
+                new[RBP] = bp
+            new[RSP] = slot + 8
+            if self._leads_on(pid, ra, new, read):
+                return ra, slot + 8, new
+        return None
+
+    def _leads_on(
+        self, pid: int, ra: int, regs: dict[int, int], read: Callable[[int], int | None]
+    ) -> bool:
+        """Whether the frame at ra unwinds to the end or to another return address."""
+        rule, _ = self._rule(pid, ra, False)
+        if not isinstance(rule, Rule) or rule.cfa_reg < 0:
+            return False
+        base = regs.get(rule.cfa_reg)
+        if base is None:
+            return False
+        if rule.ra_offset is None:
+            return True
+        nxt = read(base + rule.cfa_offset + rule.ra_offset)
+        return nxt is not None and (nxt == 0 or self._is_return_address(pid, nxt))
