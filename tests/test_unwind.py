@@ -259,3 +259,46 @@ def test_debian_md5_stands_on_the_executor(debian_cluster: PgCluster, busy_debia
         f"{100 * lost / all_frames:.1f} %"
     )
     assert lost <= 0.02 * all_frames
+
+
+def test_function_stacks_are_whole_on_a_build_without_frame_pointers(
+    no_fp_cluster: PgCluster, perf: str
+) -> None:
+    """The mechanism for clog-reads --stacks: every hit of a function, with its callers."""
+    from pgprobe.symbolize import Symbolizer, folded_names
+    from pgprobe.unwind.uprobe import function_stacks
+
+    binary = str(no_fp_cluster.bindir / "postgres")
+    with no_fp_cluster.connect() as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        pid = int(row[0])
+        symbolizer = Symbolizer(kallsyms=False)
+        symbolizer.set_fallback(no_fp_cluster.postmaster_pid)
+        symbolizer.snapshot(pid)
+        result: list[Any] = []
+
+        def record() -> None:
+            result.append(function_stacks(perf, binary, "exec_simple_query", [pid], 4.0,
+                                          symbolizer))  # fmt: skip
+
+        thread = threading.Thread(target=record)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not any(
+            (info := proc.read_info(c)) and info.comm == "perf" and perf_event_fds(c) >= 1
+            for c in proc.children(os.getpid())
+        ):  # perf probe, then perf record attached
+            assert time.monotonic() < deadline and thread.is_alive(), "perf did not start"
+            time.sleep(0.05)
+        time.sleep(0.5)  # perf opens its events, then enables them
+        for _ in range(5):
+            conn.execute("SELECT 1")
+        thread.join(120)
+    snapshot, stops = result[0]
+    stacks = snapshot.get("stacks")
+    assert sum(int(n) for n in stacks.values()) == 5  # type: ignore[call-overload]
+    assert not stops
+    for (p, addrs), _ in stacks.items():
+        names = folded_names(symbolizer.user_frames(p, addrs), main="postgres")
+        assert names[0] == "exec_simple_query" and "PostgresMain" in names and "main" in names

@@ -84,7 +84,10 @@ class PerfCapture:
         kernel: bool,
         symbolizer: Symbolizer,
         stack_bytes: int = DEFAULT_STACK_BYTES,
+        event: Sequence[str] = (),
     ) -> None:
+        """event: perf's event options instead of cpu-clock at hz (``-e GROUP:NAME -c 1``
+        for every hit of a uprobe, pgprobe.unwind.uprobe)."""
         self.perf = perf
         self.pids = list(pids)
         self.hz = hz
@@ -92,6 +95,7 @@ class PerfCapture:
         self.kernel = kernel
         self.symbolizer = symbolizer
         self.stack_bytes = stack_bytes
+        self.event = list(event) or ["-e", "cpu-clock", "-F", str(hz)]
         self.info = RunInfo(engine="perf", engine_version=perf_version(perf))
         self.on_tick: TickCallback | None = None
         self.stops: dict[tuple[int, tuple[int, ...]], str] = {}
@@ -103,7 +107,7 @@ class PerfCapture:
 
     def argv(self, output: str) -> list[str]:
         return [
-            self.perf, "record", "-q", "-N", "-B", "-e", "cpu-clock", "-F", str(self.hz),
+            self.perf, "record", "-q", "-N", "-B", *self.event,
             "--call-graph", f"dwarf,{self.stack_bytes}", "-o", output,
             "-p", ",".join(str(p) for p in self.pids),
         ]  # fmt: skip
