@@ -18,6 +18,7 @@ per 1/HZ s it runs, whatever else the machine does.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,8 @@ class UnwindCost:
     file_bytes: int = 0
     samples: int = 0
     post_cpu_s: float = 0.0  # reading perf.data and unwinding, CPU seconds of pgprobe
+    perf_stop_s: float = 0.0  # wall seconds from SIGINT until perf record exited
+    perf_cpu_s: float = 0.0  # CPU seconds perf record used, start to exit
 
     @property
     def bytes_per_sample(self) -> int:
@@ -56,6 +59,11 @@ def perf_version(perf: str) -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip().removeprefix("perf version ")
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _perf_fds(pid: int) -> int:
@@ -101,6 +109,7 @@ class PerfCapture:
         self.stops: dict[tuple[int, tuple[int, ...]], str] = {}
         self.cost = UnwindCost()
         self._stop = False
+        self._children_cpu_at_start = 0.0
 
     def request_stop(self) -> None:
         self._stop = True
@@ -123,6 +132,7 @@ class PerfCapture:
 
     def _record(self, output: str) -> None:
         started = time.monotonic()
+        self._children_cpu_at_start = _children_cpu_s()
         child = subprocess.Popen(
             self.argv(output),
             stdin=subprocess.DEVNULL,
@@ -158,6 +168,7 @@ class PerfCapture:
         finally:
             if attached is not None:
                 self.info.duration_seconds = time.monotonic() - attached
+            stopping = time.monotonic()
             if child.poll() is None:
                 child.send_signal(signal.SIGINT)
             try:
@@ -165,6 +176,8 @@ class PerfCapture:
             except subprocess.TimeoutExpired:
                 child.kill()
                 _, err = child.communicate()
+            self.cost.perf_stop_s = time.monotonic() - stopping
+            self.cost.perf_cpu_s = _children_cpu_s() - self._children_cpu_at_start
         problems = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
         if not os.path.exists(output) or os.path.getsize(output) == 0:
             detail = problems[-1] if problems else f"exit status {child.returncode}"
@@ -186,7 +199,8 @@ class PerfCapture:
             if walk.stop:
                 self.stops[(s.pid, walk.addrs)] = walk.stop
         # data.lost shows as lost_samples (samples minus the stored ones), not as lost events.
-        self.cost = UnwindCost(data.file_bytes, len(data.samples), time.process_time() - t0)
+        self.cost.file_bytes, self.cost.samples = data.file_bytes, len(data.samples)
+        self.cost.post_cpu_s = time.process_time() - t0
         maps: dict[str, dict[Key, AggValue]] = {
             "kstacks" if self.kernel else "stacks": dict(counts),
             "samples": {(): len(data.samples) + data.lost},

@@ -56,6 +56,8 @@ class Profile:
     truncated: dict[str, int] = field(default_factory=dict)  # samples cut short, per reason
     bytes_per_sample: int = 0  # dwarf: perf.data bytes per sample
     unwind_cpu_s: float = 0.0  # dwarf: CPU seconds to read and unwind the samples
+    perf_stop_s: float = 0.0  # dwarf: wall seconds perf record took to stop
+    perf_cpu_s: float = 0.0  # dwarf: CPU seconds of perf record
 
     @property
     def truncated_samples(self) -> int:
@@ -164,6 +166,8 @@ class Profile:
             truncated_reasons=dict(sorted(self.truncated.items(), key=lambda kv: -kv[1])),
             bytes_per_sample=self.bytes_per_sample if self.unwind == "dwarf" else None,
             unwind_cpu_s=round(self.unwind_cpu_s, 3) if self.unwind == "dwarf" else None,
+            perf_stop_s=round(self.perf_stop_s, 3) if self.unwind == "dwarf" else None,
+            perf_cpu_s=round(self.perf_cpu_s, 3) if self.unwind == "dwarf" else None,
         )
         data.update(extra)
         return data

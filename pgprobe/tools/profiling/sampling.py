@@ -167,6 +167,8 @@ class ProfileRun:
         if perf is not None:
             profile.bytes_per_sample = perf.cost.bytes_per_sample
             profile.unwind_cpu_s = perf.cost.post_cpu_s
+            profile.perf_stop_s = perf.cost.perf_stop_s
+            profile.perf_cpu_s = perf.cost.perf_cpu_s
         return profile
 
 
