@@ -16,7 +16,8 @@ JSON rows (``--json``; keys are stable), sorted like the table (``--sort``):
                   ``[unknown]``; kernel functions without FlameGraph's ``_[k]``
   module          basename of the file the function is in (``postgres``,
                   ``libc.so.6``, ``plpgsql.so``), ``[kernel.kallsyms]``,
-                  ``[anon]`` (JIT code), ``[unknown]``
+                  ``[jit]`` (generated code), ``[truncated]`` (the
+                  ``[truncated: why]`` frame of a cut stack), ``[unknown]``
   self_samples    samples in which this function was the innermost frame
   self_pct        self_samples x 100 / all samples of the targets
   total_samples   samples in which the function was anywhere in the stack
@@ -27,9 +28,10 @@ JSON rows (``--json``; keys are stable), sorted like the table (``--sort``):
 ``unresolved_frames_pct``, ``server_unresolved_frames_pct`` and
 ``server_symbols`` (see pgprobe.tools.profiling).
 
-Caveat of frame-pointer stacks: a leaf function that sets up no frame (such as
-``hash_bytes`` or libc's ``memcpy`` on Debian's build) hides its caller, whose
-samples then go to the caller's caller.
+Caveat of frame-pointer stacks (``--unwind fp``): a leaf function that sets up
+no frame (such as ``hash_bytes`` or libc's ``memcpy`` on Debian's build) hides
+its caller, whose samples then go to the caller's caller; ``--unwind dwarf``
+shows it.
 """
 
 from __future__ import annotations
