@@ -657,6 +657,15 @@ def test_capture_unresolved_real_stripped_server() -> None:
     assert not found(load("idle"), "capture.unresolved")
 
 
+def test_capture_unresolved_names_cut_stacks_apart_from_missing_symbols() -> None:
+    """Variant: 60 % of the samples end in a frame-pointer walk's [truncated: ...] frame."""
+    doc = load("pgbench")
+    add_stacks(doc, "[truncated: no frame pointer in libcrypto.so.3];libcrypto.so.3`MD5_Update", 60)
+    f = one(doc, "capture.unresolved")
+    assert "cut short (no frame pointer in libcrypto.so.3)" in f.title
+    assert "--unwind dwarf" in f.next_step and "dbgsym" not in f.next_step
+
+
 # ---------------------------------------------------------------------------------------------
 # Nothing stands out; robustness; text.
 
