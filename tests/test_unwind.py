@@ -302,3 +302,46 @@ def test_function_stacks_are_whole_on_a_build_without_frame_pointers(
     for (p, addrs), _ in stacks.items():
         names = folded_names(symbolizer.user_frames(p, addrs), main="postgres")
         assert names[0] == "exec_simple_query" and "PostgresMain" in names and "main" in names
+
+
+def test_whole_cluster_dwarf_names_a_backend_that_exited(no_fp_cluster: PgCluster) -> None:
+    """A backend that connects, burns CPU and exits during a whole-cluster dwarf capture:
+    perf follows it (forked from the postmaster after perf attached), its stacks are whole,
+    and --per-backend names it from what /proc said while it ran."""
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "pgprobe", "flame", *no_fp_cluster.conn_args, "--unwind",
+         "dwarf", "-d", "600", "--folded", "--per-backend"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any(
+        (info := proc.read_info(c)) and info.comm == "perf" and perf_event_fds(c) >= 1
+        for c in proc.children(probe.pid)
+    ):
+        assert probe.poll() is None, probe.communicate()[1]
+        assert time.monotonic() < deadline, "perf did not start sampling"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    with no_fp_cluster.connect() as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        pid = int(row[0])
+        conn.execute("SET statement_timeout = '3s'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute(QUERY)
+    time.sleep(1.0)  # the backend is gone before the capture ends
+    assert not os.path.exists(f"/proc/{pid}")
+    probe.send_signal(signal.SIGINT)
+    out, err = probe.communicate(timeout=120)
+    assert probe.returncode == 0, err
+    mine = {}
+    for line in out.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack.startswith(f"pid {pid}: "):
+            mine[stack] = int(n)
+    total = sum(mine.values())
+    assert total >= 50, (total, err)  # up to 3 s of CPU at 99 Hz, less on a busy machine
+    assert all(k.startswith(f"pid {pid}: client backend") for k in mine)
+    whole = sum(n for k, n in mine.items() if ROOTS & set(k.split(";")))
+    assert whole >= 0.9 * total
+    assert sum(n for k, n in mine.items() if "md5_text" in k.split(";")) >= 0.5 * total
