@@ -71,6 +71,7 @@ def add_parser(sub: Any) -> None:
         default=profiling.DEFAULT_HZ,
         help=f"CPU sampling rate (default {profiling.DEFAULT_HZ})",
     )
+    profiling.add_unwind_argument(parser)
     parser.add_argument(
         "-o",
         "--output",

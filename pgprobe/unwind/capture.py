@@ -36,6 +36,7 @@ from pgprobe.unwind.dwarf import Unwinder
 DEFAULT_STACK_BYTES = 16_384  # deep enough for PostgreSQL's stacks (measured: docs/flame.md)
 ATTACH_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 60.0
+START_ATTEMPTS = 3
 
 
 @dataclass
@@ -125,12 +126,20 @@ class PerfCapture:
         workdir = tempfile.mkdtemp(prefix="pgprobe-perf-")
         try:
             output = os.path.join(workdir, "perf.data")
-            self._record(output)
+            for attempt in range(START_ATTEMPTS):
+                # perf record -p fails as a whole when one pid has gone: only live ones,
+                # and again if one went between the check and perf's start.
+                self.pids = [p for p in self.pids if os.path.exists(f"/proc/{p}")]
+                if not self.pids:
+                    raise PgprobeError("every target process has exited", EXIT_TRACER)
+                if self._record(output, last=attempt == START_ATTEMPTS - 1):
+                    break
             yield self._snapshot(output)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _record(self, output: str) -> None:
+    def _record(self, output: str, last: bool = True) -> bool:
+        """Run perf record until the end of the capture. False: it could not start."""
         started = time.monotonic()
         self._children_cpu_at_start = _children_cpu_s()
         child = subprocess.Popen(
@@ -179,10 +188,13 @@ class PerfCapture:
             self.cost.perf_stop_s = time.monotonic() - stopping
             self.cost.perf_cpu_s = _children_cpu_s() - self._children_cpu_at_start
         problems = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
+        if attached is None and not last and not self._stop:
+            return False
         if not os.path.exists(output) or os.path.getsize(output) == 0:
             detail = problems[-1] if problems else f"exit status {child.returncode}"
             raise PgprobeError(f"perf record wrote no samples: {detail}", EXIT_TRACER)
         self.info.warnings.extend(f"perf: {ln}" for ln in problems if "Warning" in ln)
+        return True
 
     def _snapshot(self, output: str) -> Snapshot:
         t0 = time.process_time()

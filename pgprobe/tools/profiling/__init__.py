@@ -56,6 +56,7 @@ from pgprobe.tools.profiling.options import (
     SCRIPT,
     UNRESOLVED_WARN_PCT,
     add_profile_arguments,
+    add_unwind_argument,
     hz_value,
 )
 from pgprobe.tools.profiling.result import (
@@ -93,6 +94,7 @@ __all__ = [
     "ProfileRun",
     "StackCount",
     "add_profile_arguments",
+    "add_unwind_argument",
     "check_server",
     "choose_unwind",
     "collect",

@@ -55,6 +55,11 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kernel", action="store_true", help="kernel stacks too (frames named from kallsyms)"
     )
+    add_unwind_argument(parser)
+
+
+def add_unwind_argument(parser: argparse.ArgumentParser) -> None:
+    """--unwind fp|dwarf|auto (flame, hot, and triage's CPU part)."""
     parser.add_argument(
         "--unwind",
         choices=choose.MODES,
