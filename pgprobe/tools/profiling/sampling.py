@@ -19,7 +19,7 @@ from pgprobe.engines.base import (
     Snapshot,
     TickCallback,
 )
-from pgprobe.errors import EXIT_TRACER, PgprobeError
+from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.symbolize import Symbolizer
 from pgprobe.tools import common
 from pgprobe.tools.profiling.naming import name_stacks
@@ -210,7 +210,9 @@ def choose_unwind(ns: argparse.Namespace, targets: Targets) -> tuple[str, str]:
     wanted = getattr(ns, "unwind", "fp")
     if getattr(ns, "engine", "auto") == "dtrace":
         if wanted == "dwarf":
-            raise PgprobeError("--unwind dwarf needs perf (Linux): not with --engine dtrace", 2)
+            raise PgprobeError(
+                "--unwind dwarf needs perf (Linux): not with --engine dtrace", EXIT_USAGE
+            )
         return "fp", "DTrace walks the stacks itself"
     return choose.choose(wanted, targets.cluster.binary, targets.cluster.postmaster_pid)
 
