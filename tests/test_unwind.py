@@ -222,11 +222,13 @@ def test_frame_pointer_walk_says_where_it_was_cut(
     stacks = pgprobe_stacks(doc)
     cut = sum(n for frames, n in stacks if frames[0].startswith("[truncated: "))
     whole = sum(n for frames, n in stacks if ROOTS & set(frames))
-    assert cut + whole == meta["samples"]
+    # A sample whose stack the kernel's stack map refused (a hash collision) keeps its
+    # count as a lone [unknown] frame, counted in samples_without_stack.
+    assert cut + whole + meta["samples_without_stack"] == meta["samples"]
     assert cut == meta["truncated_samples"] >= 0.5 * meta["samples"]
     assert any("no frame pointer in" in r for r in meta["truncated_reasons"])
     assert "have a stack cut short" in err and "--unwind dwarf" in err
-    assert not any(frames[0] in ("[unknown]", "[anon]") for frames, _ in stacks)
+    assert not any(frames[0] in ("[unknown]", "[anon]") for frames, _ in stacks if len(frames) > 1)
 
 
 def test_auto_chooses_dwarf_without_frame_pointers(
