@@ -129,8 +129,19 @@ def capture(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: in
             ) -> tuple[dict[str, Any], str, float]:  # fmt: skip
     """pgprobe flame --json of one backend until it used cpu_target s of CPU.
 
-    Returns (document, stderr, the backend's CPU seconds while sampled).
+    Returns (document, stderr, the backend's CPU seconds while sampled). The backend is
+    held (SIGSTOP) while the sampler starts and stops, so that the window of the CPU time
+    and the window of the samples are the same.
     """
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        return _capture_window(cluster, pid, unwind, cpu_target, hz)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _capture_window(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: int
+                    ) -> tuple[dict[str, Any], str, float]:  # fmt: skip
     probe = subprocess.Popen(
         [sys.executable, "-m", "pgprobe", "flame", *cluster.conn_args, "--pid", str(pid),
          "--unwind", unwind, "-F", str(hz), "-d", "600", "--json"],
@@ -147,12 +158,15 @@ def capture(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: in
         if child is not None and perf_event_fds(child) >= wanted:
             break
         time.sleep(0.05)
-    time.sleep(0.3)
+    time.sleep(0.5)  # perf opens its events, then enables them
     # CPU time, not wall time: the machine is shared, the backend may get a small share.
     before = cpu_seconds(pid)
+    os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + 120
     while cpu_seconds(pid) - before < cpu_target and time.monotonic() < deadline:
         time.sleep(0.05)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.1)
     cpu_s = cpu_seconds(pid) - before
     probe.send_signal(signal.SIGINT)
     out, err = probe.communicate(timeout=120)

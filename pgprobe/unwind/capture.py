@@ -1,6 +1,6 @@
 """A CPU-sampling capture through perf's DWARF mode, unwound by pgprobe.
 
-``PerfCapture`` runs ``perf record -e cpu-clock -F HZ --call-graph
+``PerfCapture`` runs ``perf record -e cpu-clock -c 1e9/HZ --call-graph
 dwarf,STACK -p PIDS`` into a temporary perf.data (perf follows the children
 the targets fork while it runs: backends of the postmaster), stops it with
 SIGINT at the end of the duration or on Ctrl-C, reads the samples
@@ -11,8 +11,9 @@ addresses)}, and ``samples``. So the rest of the profile pipeline does not
 know which way the stacks were walked; ``stops`` says why a stack stopped
 early, per (pid, user addresses).
 
-cpu-clock on a task counts that task's CPU time: a backend gets one sample
-per 1/HZ s it runs, whatever else the machine does.
+cpu-clock on a task counts that task's CPU time, and with a fixed period
+(``-c 1e9/HZ`` ns) a backend gets one sample per 1/HZ s it runs, whatever
+else the machine does.
 """
 
 from __future__ import annotations
@@ -104,7 +105,10 @@ class PerfCapture:
         self.kernel = kernel
         self.symbolizer = symbolizer
         self.stack_bytes = stack_bytes
-        self.event = list(event) or ["-e", "cpu-clock", "-F", str(hz)]
+        # A fixed period of task CPU time (cpu-clock counts nanoseconds), not -F: perf's
+        # frequency mode re-tunes the period as a task runs and idles, and overshot by
+        # 10-15 % for a backend that competes for the CPU; a period gives CPU time x Hz.
+        self.event = list(event) or ["-e", "cpu-clock", "-c", str(1_000_000_000 // hz)]
         self.info = RunInfo(engine="perf", engine_version=perf_version(perf))
         self.on_tick: TickCallback | None = None
         self.stops: dict[tuple[int, tuple[int, ...]], str] = {}
