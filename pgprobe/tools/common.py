@@ -41,7 +41,9 @@ def duration_value(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0 < value <= MAX_DURATION_S:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_DURATION_S} seconds")
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {MAX_DURATION_S} seconds: {text}"
+        )
     return value
 
 
@@ -51,7 +53,11 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-p", "--port", type=positive_int, help="server port")
     group.add_argument("-U", "--username", help="database user")
     # -d is the duration in every pgprobe tool, so the database name is long-only.
-    group.add_argument("--dbname", help="database name, or a connection string / URI")
+    group.add_argument(
+        "--dbname",
+        metavar="DBNAME",
+        help="a database name, a key=value connection string or a postgresql:// URI (as psql)",
+    )
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
