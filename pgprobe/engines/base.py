@@ -150,6 +150,18 @@ class RunInfo:
     failed_map_updates: int = 0  # aggregation updates refused (map full)
     interrupted: bool = False  # ended by Ctrl-C / SIGTERM rather than the duration
     warnings: list[str] = field(default_factory=list)
+    # The probes stopped counting (the first output of the tracer's END, after SIGINT):
+    # the moment a SQL window compared with the probes must close.
+    stopped_counting: bool = False
+    # How the tracer ended when it was not asked to, or did not end as asked: one
+    # sentence ("bpftrace was killed by signal 9 (SIGKILL) 4.1 s after its probes
+    # attached"); None when it stopped as asked. What it printed before is kept and
+    # marked partial.
+    ended_early: str | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.ended_early is not None
 
 
 Event = Snapshot | Line

@@ -166,7 +166,8 @@ class BpftraceCapture:
             if self.info.interrupted:
                 raise PgprobeError("interrupted before the probes were attached", EXIT_INTERRUPTED)
             raise PgprobeError(f"bpftrace failed: {explain(problems)}", EXIT_TRACER)
-        self.info.warnings.append(f"bpftrace exited with status {returncode}")
+        if self.info.ended_early is None:  # the runner says how, when it can
+            self.info.warnings.append(f"bpftrace exited with status {returncode}")
         self.info.warnings.extend(problems)
 
 

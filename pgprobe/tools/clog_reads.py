@@ -55,7 +55,7 @@ from pgprobe.engines.base import (
     Snapshot,
     Stats,
 )
-from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
+from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.render import table
 from pgprobe.stacks import fold, write_folded
 from pgprobe.symbolize import Frame, Symbolizer, folded_names
@@ -934,7 +934,7 @@ def run(ns: argparse.Namespace) -> int:
         capture = start(ns, targets, slrus, mode, ns.interval)
         final = _run_capture(session, capture)
         if final is None:
-            raise PgprobeError("the tracer ended without printing its maps", EXIT_TRACER)
+            raise common.nothing_kept(capture.info)
         snapshot, info = final
         _merge_repeated_warnings(info)
         session.emit(snapshot, info, stats.delta())

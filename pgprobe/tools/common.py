@@ -14,6 +14,7 @@ from pgprobe import discover, engines
 from pgprobe.discover import Targets
 from pgprobe.engines import bpftrace
 from pgprobe.engines.base import Capture, Line, MapSpec, RunInfo, Snapshot
+from pgprobe.errors import EXIT_TRACER, PgprobeError
 
 MAX_DURATION_S = 24 * 3600
 
@@ -149,15 +150,26 @@ def snapshots(
     running: Capture, ns: argparse.Namespace, what: str
 ) -> Iterator[tuple[Snapshot, RunInfo]]:
     """The capture's snapshots, with a countdown on a terminal's stderr meanwhile."""
+    delivered = False
     with Countdown(what, ns.duration) as countdown:
         running.on_tick = countdown.tick
         for event in running.events():
             if isinstance(event, Snapshot):
+                delivered = True
                 with countdown.paused():
                     yield event, running.info
             elif isinstance(event, Line):
                 with countdown.paused():
                     print(event.text, flush=True)
+    if not delivered:
+        raise nothing_kept(running.info)
+
+
+def nothing_kept(info: RunInfo) -> PgprobeError:
+    """The tracer gave back no results: why, in one line (exit code 6)."""
+    engine = info.engine or "the tracer"
+    reason = info.ended_early or f"{engine} ended without printing its maps"
+    return PgprobeError(f"{reason}: nothing was collected", EXIT_TRACER)
 
 
 class Countdown:
@@ -245,6 +257,9 @@ def meta(targets: Targets, info: RunInfo, snapshot: Snapshot, **extra: Any) -> d
         "attach_s": round(info.attach_seconds, 3),
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "warnings": list(info.warnings),
+        # The tracer died: what it printed before is here, and no more.
+        "partial": info.partial,
+        "tracer_ended_early": info.ended_early,
     }
     data.update({k: v for k, v in extra.items() if v is not None})
     return data
@@ -262,6 +277,8 @@ def title(what: str, meta: dict[str, Any]) -> str:
     )
     when = f" at {meta['snapshot_time']}" if meta.get("interval") else ""
     stop = ", interrupted" if meta["interrupted"] else ""
+    if meta.get("partial"):
+        stop += ", PARTIAL (the tracer died: see the warning)"
     return (
         f"{what}{when}: {who} (postmaster {meta['postmaster_pid']}, PostgreSQL "
         f"{meta['postgres_version'].split()[0]}), {meta['duration_s']:.1f} s traced{stop}"
@@ -270,6 +287,12 @@ def title(what: str, meta: dict[str, Any]) -> str:
 
 def print_losses(info: RunInfo) -> None:
     """Every loss is said (on stderr, so piped tables stay clean)."""
+    if info.ended_early:
+        print(
+            f"pgprobe: warning: {info.ended_early}: what it printed before is shown, "
+            "marked partial",
+            file=sys.stderr,
+        )
     if info.lost_events:
         print(f"pgprobe: warning: {info.lost_events} events lost", file=sys.stderr)
     if info.failed_map_updates:

@@ -62,7 +62,6 @@ from pgprobe.engines.base import (
     Snapshot,
     TickCallback,
 )
-from pgprobe.errors import EXIT_TRACER, PgprobeError
 from pgprobe.stacks import fold
 from pgprobe.symbolize import KERNEL_SUFFIX, UNKNOWN, Frame, Symbolizer, folded_names
 from pgprobe.tools import common
@@ -459,7 +458,7 @@ def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
     for snapshot, info in common.snapshots(run.capture, ns, "CPU samples"):
         final = (snapshot, info)
     if final is None:
-        raise PgprobeError("bpftrace ended without printing its maps", EXIT_TRACER)
+        raise common.nothing_kept(run.capture.info)
     return run.finish(*final, names_at_end=names_at_end)
 
 
