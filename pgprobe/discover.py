@@ -395,11 +395,13 @@ def refresh_backends(cluster: Cluster) -> None:
     """Re-read pg_stat_activity, keeping rows of backends that have exited since."""
     if cluster.conninfo is None:
         return
+    import psycopg
+
     try:
         conn = connect_conninfo(cluster.conninfo)
         with conn:
             fresh = read_backends(conn)
-    except PgprobeError:
+    except (PgprobeError, psycopg.Error):
         return  # the server may be gone; what we saw at start still describes the pids
     known = {b.pid: b for b in cluster.backends}
     known.update({b.pid: b for b in fresh if b.pid != cluster.own_pid})

@@ -112,10 +112,18 @@ AggValue = int | Stats | Log2Hist | tuple[int, ...]
 
 @dataclass(frozen=True)
 class MapSpec:
-    """The key layout of one aggregation, as the script declares it."""
+    """The key layout of one aggregation, as the script declares it.
+
+    combine: how two entries whose keys print the same add up ("sum" for
+    count/sum/stats/hist, "max" or "min" for max()/min()). bpftrace keeps
+    distinct keys whose printed text is the same (two stack ids of identical
+    frames, strings with different bytes after their end): one aggregation
+    may print one key twice.
+    """
 
     name: str
     key: tuple[KeyKind, ...]
+    combine: Literal["sum", "max", "min"] = "sum"
 
 
 @dataclass

@@ -29,7 +29,7 @@ MIN_MAJOR = 13  # names in the probe equal pg_stat_activity's wait_event from 13
 KEY: tuple[KeyKind, ...] = ("int", "str", "str")  # pid (0 unless keyed by pid), tranche, mode
 MAPS = (
     MapSpec("wait_stats", KEY),
-    MapSpec("wait_max_ns", KEY),
+    MapSpec("wait_max_ns", KEY, combine="max"),
     MapSpec("wait_ns", KEY),
 )
 
