@@ -230,7 +230,7 @@ def test_usdt_sites_taken_by_perf_probe_are_said_loudly(
     event = perf_probe_on_done_sites[0].replace(":", "/")
     assert f"another uprobe ({event}) sits on USDT probe lwlock__wait__done" in err
     assert "perf probe -d probe_postgres:" in err
-    assert "lwlock__wait__done fired for" in err and "waits are missing from the table" in err
+    assert "LWLock waits started and never ended in the probe" in err, err
 
 
 def test_doctor_lists_other_uprobes_on_the_sites(

@@ -32,11 +32,11 @@ MAPS = (
     MapSpec("wait_stats", KEY),
     MapSpec("wait_max_ns", KEY, combine="max"),
     MapSpec("wait_ns", KEY),
-    MapSpec("wait_starts", ()),
-    MapSpec("wait_dones", ()),
+    MapSpec("wait_unfinished", ()),
 )
-# More starts than dones than this (and than 1 %) means the done probe missed waits.
-UNMATCHED_MIN = 10
+# Unfinished waits beyond this and beyond 5 % of the waits: the done probe missed some.
+UNFINISHED_MIN = 10
+UNFINISHED_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -140,20 +140,21 @@ def unmatched_warning(snapshot: Snapshot) -> str | None:
     """Waits that started and never ended in the probe: a site that did not attach.
 
     Every lwlock__wait__start is followed by an lwlock__wait__done in the same
-    backend; a few are cut by the window's edges. Many more mean the done probe
-    is not attached everywhere (e.g. another uprobe without the USDT semaphore on
-    one of its sites): those waits are missing from the table, so say it.
+    backend. A backend caught mid-wait when the probes attach leaves one
+    unfinished wait at most; many more mean the done probe is not attached
+    everywhere (e.g. another uprobe without the USDT semaphore on one of its
+    sites): those waits are missing from the table, so say it.
     """
-    starts = snapshot.get("wait_starts").get((), 0)
-    dones = snapshot.get("wait_dones").get((), 0)
-    assert isinstance(starts, int) and isinstance(dones, int)
-    missing = starts - dones
-    if missing <= UNMATCHED_MIN or missing <= starts / 100:
+    unfinished = snapshot.get("wait_unfinished").get((), 0)
+    assert isinstance(unfinished, int)
+    waits = sum(v.count for v in snapshot.get("wait_stats").values() if isinstance(v, Stats))
+    if unfinished <= UNFINISHED_MIN or unfinished <= UNFINISHED_SHARE * (waits + unfinished):
         return None
     return (
-        f"lwlock__wait__done fired for {dones:,} of {starts:,} LWLock waits that started: "
-        f"{missing:,} waits are missing from the table (a probe site did not attach or "
-        "stopped firing; `pgprobe doctor` lists other uprobes on the server's probe sites)"
+        f"{unfinished:,} LWLock waits started and never ended in the probe "
+        f"(lwlock__wait__done fired for {waits:,}): they are missing from the table; a probe "
+        "site did not attach or stopped firing (`pgprobe doctor` lists other uprobes on the "
+        "server's probe sites)"
     )
 
 
