@@ -224,13 +224,13 @@ def perf_probe_on_done_sites(busy: PgCluster) -> Iterator[list[str]]:
 def test_usdt_sites_taken_by_perf_probe_are_said_loudly(
     busy: PgCluster, perf_probe_on_done_sites: list[str]
 ) -> None:
-    run = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "5"])
+    run = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "10"])
     out, err = run.communicate(timeout=180)
     assert run.returncode == 0, err
     event = perf_probe_on_done_sites[0].replace(":", "/")
     assert f"another uprobe ({event}) sits on USDT probe lwlock__wait__done" in err
     assert "perf probe -d probe_postgres:" in err
-    assert "LWLock waits started and never ended in the probe" in err, err
+    assert "LWLock waits started and never ended in the probe" in err, (out, err)
 
 
 def test_doctor_lists_other_uprobes_on_the_sites(

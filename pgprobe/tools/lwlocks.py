@@ -148,7 +148,9 @@ def unmatched_warning(snapshot: Snapshot) -> str | None:
     unfinished = snapshot.get("wait_unfinished").get((), 0)
     assert isinstance(unfinished, int)
     waits = sum(v.count for v in snapshot.get("wait_stats").values() if isinstance(v, Stats))
-    if unfinished <= UNFINISHED_MIN or unfinished <= UNFINISHED_SHARE * (waits + unfinished):
+    never_done = waits == 0 and unfinished > 1  # the done probe never fired at all
+    many = unfinished > UNFINISHED_MIN and unfinished > UNFINISHED_SHARE * (waits + unfinished)
+    if not (never_done or many):
         return None
     return (
         f"{unfinished:,} LWLock waits started and never ended in the probe "

@@ -6,6 +6,9 @@ PostgreSQL's cumulative views. The captures run as parallel bpftrace
 processes, each in a thread of ours; a part that cannot run here (an old
 server, no USDT probes) is left out with the reason, and the others go on.
 Findings (pgprobe.findings) come first in the report, then the evidence.
+
+Over 400 lines: the window's edges (the parts, the SQL readings when probes
+start and stop counting, the server going away) are one story and stay together.
 """
 
 from __future__ import annotations
@@ -209,7 +212,15 @@ def capture_window(ns: argparse.Namespace, targets: Targets) -> dict[str, Any]:
             return
         sampler.start()
 
-    _run_parts(parts, ns.duration, on_attached)
+    def on_edge(edge: str) -> None:
+        # pg_stat_slru beside the SLRU capture: read when its probes start and stop counting.
+        try:
+            with discover.connect_conninfo(conninfo) as conn:
+                window[edge] = pgstats.read_counters(conn)
+        except Exception:  # noqa: BLE001 - the server went away: said by the window's close
+            return
+
+    _run_parts(parts, ns.duration, on_attached, on_edge)
     if "started_at" not in window:  # stopped before every probe was in
         on_attached()
     if sampler.is_alive():
@@ -252,12 +263,23 @@ def capture_window(ns: argparse.Namespace, targets: Targets) -> dict[str, Any]:
             doc.update(section)  # the hot and flame sections, and the SVG for the report
         else:
             doc[part.name] = section
+    live, stopped = window.get("clog_live"), window.get("clog_stopped")
+    if (
+        doc["stats"] is not None
+        and live
+        and stopped
+        and live.server_started == stopped.server_started
+    ):
+        # pg_stat_slru over the SLRU capture's own window (its probes' start and stop)
+        doc["stats"]["slru"] = pgstats.slru_deltas(live.slru, stopped.slru)
+        window["slru_window_s"] = round(stopped.taken_at - live.taken_at, 3)
     if doc["clog_reads"] is not None and doc["stats"] is not None:
         # the same window's pg_stat_slru, beside the probe's reads
         doc["clog_reads"]["meta"]["slru_stats"] = doc["stats"]["slru"]
     doc["meta"] = _meta(ns, targets, parts, started_at, window["max_connections"], losses, warnings)
     doc["meta"]["unresolved_pct"] = unresolved_pct
     doc["meta"]["server_went_away"] = gone
+    doc["meta"]["slru_stats_window_s"] = window.get("slru_window_s")
     return doc
 
 
@@ -322,11 +344,19 @@ def _setting(conn: Any, name: str) -> int | None:
     return int(row[0]) if row else None
 
 
-def _run_parts(parts: list[Part], duration: float, on_attached: Callable[[], None]) -> None:
+def _run_parts(
+    parts: list[Part],
+    duration: float,
+    on_attached: Callable[[], None],
+    on_edge: Callable[[str], None] = lambda edge: None,
+) -> None:
     """Run every capture in its own thread; Ctrl-C / SIGTERM stop them all, data kept.
 
-    on_attached is called once every capture has its probes in (or has ended).
+    on_attached is called once every capture has its probes in (or has ended);
+    on_edge("clog_live") and on_edge("clog_stopped") when the SLRU capture starts
+    and stops counting (within the 0.1 s of this loop), for its pg_stat_slru window.
     """
+    edges: set[str] = set()
     for part in parts:
         part.thread = threading.Thread(target=part.run, name=part.name, daemon=True)
         part.thread.start()
@@ -343,6 +373,13 @@ def _run_parts(parts: list[Part], duration: float, on_attached: Callable[[], Non
         with common.Countdown("triage (CPU, LWLocks, SLRU, SQL)", duration) as countdown:
             attached_at: float | None = None
             while any(running(p) for p in parts):
+                for p in parts:
+                    info = p.capture.info
+                    for edge, reached in (("clog_live", info.probes_attached),
+                                          ("clog_stopped", info.stopped_counting)):  # fmt: skip
+                        if p.name == "clog_reads" and reached and edge not in edges:
+                            edges.add(edge)
+                            on_edge(edge)
                 if attached_at is None and all(
                     p.capture.info.probes_attached or not running(p) for p in parts
                 ):
