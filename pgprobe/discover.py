@@ -28,21 +28,46 @@ class ConnOptions:
     host: str | None = None
     port: int | None = None
     user: str | None = None
-    dbname: str | None = None  # may be a DSN ("host=... dbname=...") or a URI
+    # As psql's -d: a database name, or a "key=value ..." connection string, or a URI.
+    dbname: str | None = None
 
     def conninfo(self) -> str:
-        from psycopg.conninfo import make_conninfo
+        """The libpq connection string, with pgprobe's read-only session settings.
 
-        extra: dict[str, Any] = {
-            "application_name": APPLICATION_NAME,
-            # Never write: every transaction of this session is read-only.
-            "options": "-c default_transaction_read_only=on -c statement_timeout=10s",
-            "connect_timeout": 10,
+        As in psql, --dbname is a connection string when it contains "=" or starts
+        with postgresql:// or postgres://, and then its values win over -h/-p/-U
+        (libpq expands it in dbname's place, after host, port and user).
+        """
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params: dict[str, Any] = {
+            key: value
+            for key, value in (("host", self.host), ("port", self.port), ("user", self.user))
+            if value is not None
         }
-        for key, value in (("host", self.host), ("port", self.port), ("user", self.user)):
-            if value is not None:
-                extra[key] = value
-        return make_conninfo(self.dbname or "", **extra)
+        if self.dbname and is_connection_string(self.dbname):
+            try:
+                params.update(conninfo_to_dict(self.dbname))
+            except psycopg.ProgrammingError as exc:
+                raise PgprobeError(
+                    f"--dbname is not a valid connection string or URI: {_first_line(exc)}",
+                    EXIT_USAGE,
+                ) from None
+        elif self.dbname:
+            params["dbname"] = self.dbname
+        # Never write: every transaction of this session is read-only (the user's own
+        # options, if any, come first; ours win).
+        ours = "-c default_transaction_read_only=on -c statement_timeout=10s"
+        params["options"] = f"{params['options']} {ours}" if params.get("options") else ours
+        params["application_name"] = APPLICATION_NAME
+        params.setdefault("connect_timeout", 10)
+        return make_conninfo("", **params)
+
+
+def is_connection_string(text: str) -> bool:
+    """psql's rule (recognized_connection_string): a URI prefix, or an "=" anywhere."""
+    return text.startswith(("postgresql://", "postgres://")) or "=" in text
 
 
 @dataclass(frozen=True)
@@ -370,11 +395,13 @@ def refresh_backends(cluster: Cluster) -> None:
     """Re-read pg_stat_activity, keeping rows of backends that have exited since."""
     if cluster.conninfo is None:
         return
+    import psycopg
+
     try:
         conn = connect_conninfo(cluster.conninfo)
         with conn:
             fresh = read_backends(conn)
-    except PgprobeError:
+    except (PgprobeError, psycopg.Error):
         return  # the server may be gone; what we saw at start still describes the pids
     known = {b.pid: b for b in cluster.backends}
     known.update({b.pid: b for b in fresh if b.pid != cluster.own_pid})

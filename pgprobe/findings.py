@@ -1537,6 +1537,29 @@ def _truncated_stacks(profile: _Profile) -> dict[str, int]:
 
 
 @rule
+def capture_server_gone(doc: Doc) -> list[Finding]:
+    """The server stopped, crashed or restarted mid-capture: the SQL side is cut short."""
+    gone = _meta(doc).get("server_went_away")
+    if not isinstance(gone, dict):
+        return []
+    kept = as_number(gone.get("sql_window_s"))
+    return [
+        Finding(
+            id="capture.server_gone",
+            severity="medium",
+            title=f"{str(gone.get('what', 'the server went away')).capitalize()} during the "
+            f"capture, at {gone.get('at', '?')}: the SQL sections stop there",
+            evidence=f"{gone.get('reason', '')}; PostgreSQL's statistics and pg_stat_activity "
+            f"cover the first {_secs(kept)} of {_secs(_duration(doc))}, the probes the whole "
+            "window",
+            next_step="read the server log around that time (a crash, an OOM kill, a shutdown "
+            "or restart by an administrator), then capture again once it is back",
+            section="capture",
+        )
+    ]
+
+
+@rule
 def capture_unresolved(doc: Doc) -> list[Finding]:
     pct = as_number(_meta(doc).get("unresolved_pct"))
     profile = _profile(doc)

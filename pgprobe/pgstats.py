@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgprobe import discover
+from pgprobe.errors import PgprobeError
 
 # Wait event types that are not server work: a backend waiting for its client or
 # idling in its main loop (Activity) says nothing about the server's trouble.
@@ -53,13 +54,18 @@ class Counters:
     wal: dict[str, float] | None = None
     slru: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (hit, read)
     statements: dict[tuple[Any, ...], dict[str, Any]] | None = None
+    # pg_postmaster_start_time(): counters of two server lives cannot be subtracted.
+    server_started: str = ""
+    taken_at: float = 0.0  # time.monotonic() of the reading
 
 
 def read_counters(conn: Any) -> Counters:
     """The cumulative counters now (a read-only connection; views missing are None)."""
-    counters = Counters()
+    counters = Counters(taken_at=time.monotonic())
     # Pending statistics of other backends reach the views at most once a second.
     with conn.cursor() as cur:
+        cur.execute("SELECT pg_postmaster_start_time()::text")
+        counters.server_started = str(cur.fetchone()[0])
         cur.execute(
             "SELECT "
             + ", ".join(f"coalesce(sum({c}), 0)::bigint" for c in DATABASE_COLUMNS)
@@ -195,14 +201,22 @@ SELECT coalesce(wait_event_type, ''), coalesce(wait_event, ''), state
 
 
 class ActivitySampler(threading.Thread):
-    """pg_stat_activity every `interval` seconds until stopped, on its own connection."""
+    """pg_stat_activity every `interval` seconds until stopped, on its own connection.
 
-    def __init__(self, conninfo: str, interval: float = 1.0) -> None:
+    With keep_counters, the cumulative counters are read at each sample too: if
+    the server goes away (stopped, crashed, restarted), the last good reading
+    still closes a window, cut at that moment (lost_at says when it went away).
+    """
+
+    def __init__(self, conninfo: str, interval: float = 1.0, keep_counters: bool = False) -> None:
         super().__init__(name="pg_stat_activity sampler", daemon=True)
         self.conninfo = conninfo
         self.interval = interval
+        self.keep_counters = keep_counters
         self.samples: list[dict[str, Any]] = []
         self.error: str | None = None
+        self.last_counters: Counters | None = None
+        self.lost_at: float | None = None  # time.monotonic() when the session failed
         self._done = threading.Event()
         self._start = time.monotonic()
 
@@ -217,9 +231,16 @@ class ActivitySampler(threading.Thread):
                 while not self._done.is_set():
                     cur.execute(ACTIVITY_SQL)
                     self.samples.append(self._sample(cur.fetchall()))
+                    if self.keep_counters:
+                        self.last_counters = read_counters(conn)
                     self._done.wait(self.interval)
         except Exception as exc:  # the server may go away mid-capture: say so, keep the rest
-            self.error = f"pg_stat_activity sampling stopped: {exc}"
+            self.lost_at = time.monotonic()
+            text = exc.message if isinstance(exc, PgprobeError) else first_line(exc)
+            self.error = (
+                f"activity: pg_stat_activity sampling stopped after "
+                f"{self.lost_at - self._start:.1f} s: {text}"
+            )
 
     def _sample(self, rows: list[tuple[str, str, str]]) -> dict[str, Any]:
         waits: Counter[str] = Counter()
@@ -255,4 +276,17 @@ class ActivitySampler(threading.Thread):
                     "pct": round(100 * count / all_waits, 2) if all_waits else 0.0,
                 }
             )
-        return {"interval_s": self.interval, "samples": self.samples, "wait_profile": profile}
+        doc: dict[str, Any] = {
+            "interval_s": self.interval,
+            "samples": self.samples,
+            "wait_profile": profile,
+        }
+        if self.lost_at is not None:
+            doc["cut_at_s"] = round(self.lost_at - self._start, 3)
+        return doc
+
+
+def first_line(exc: BaseException) -> str:
+    """A psycopg error in one line (libpq's messages span several)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(lines[:2]) if lines else type(exc).__name__

@@ -121,3 +121,64 @@ def test_losses_are_counted() -> None:
         list(parser.feed(raw))
     assert info.lost_events == 12
     assert info.failed_map_updates == 2
+
+
+# bpftrace keeps distinct keys that print the same: two stack ids of identical frames
+# (seen on PostgreSQL 14-18 without frame pointers), or strings with different bytes
+# after their end. The JSON then holds one key twice; every entry must count.
+DUPLICATE_STACKS = (
+    b'{"type": "map", "data": {"@stacks": {"8261,\\n    0x55a229d947a1\\n": 3, '
+    b'"8261,\\n    0x55a229d947a2\\n": 1, "8261,\\n    0x55a229d947a1\\n": 4}}}'
+)
+
+
+def test_duplicate_keys_are_summed() -> None:
+    from pgprobe.engines.base import MapSpec
+
+    info = RunInfo()
+    parser = _OutputParser({"@stacks": MapSpec("stacks", ("int", "stack"))}, info)
+    list(parser.feed(DUPLICATE_STACKS))
+    (snap,) = list(parser.finish())
+    stacks = snap.get("stacks")
+    assert stacks == {(8261, (0x55A229D947A1,)): 7, (8261, (0x55A229D947A2,)): 1}
+    assert sum(v for v in stacks.values() if isinstance(v, int)) == 8
+    assert info.warnings == []
+
+
+def test_duplicate_keys_combine_as_their_aggregation() -> None:
+    from pgprobe.engines.base import MapSpec
+
+    specs = {f"@{m.name}": m for m in lwlocks.MAPS}
+    parser = _OutputParser(specs, RunInfo())
+    lines = (
+        '{"type": "map", "data": {"@wait_max_ns": {"K": 50, "K": 70}}}',
+        '{"type": "stats", "data": {"@wait_stats": {"K": {"count": 2, "average": 5, '
+        '"total": 10}, "K": {"count": 1, "average": 4, "total": 4}}}}',
+        '{"type": "hist", "data": {"@wait_ns": {"K": [{"min": 4, "max": 7, "count": 1}], '
+        '"K": [{"min": 4, "max": 7, "count": 2}, {"min": 8, "max": 15, "count": 1}]}}}',
+    )
+    for raw in (line.replace("K", "0,WALWrite,Exclusive") for line in lines):
+        list(parser.feed(raw.encode()))
+    (snap,) = list(parser.finish())
+    k = (0, "WALWrite", "Exclusive")
+    assert snap.get("wait_max_ns")[k] == 70  # max(), not a sum
+    assert snap.get("wait_stats")[k] == Stats(3, 14)
+    assert snap.get("wait_ns")[k] == Log2Hist(((4, 7, 3), (8, 15, 1)))
+    assert MapSpec("x", ()).combine == "sum"
+
+
+def test_live_marker_is_the_start_not_a_line() -> None:
+    info = RunInfo()
+    parser = _OutputParser({}, info, live_marker=True)
+    out = list(parser.feed(b'{"type": "attached_probes", "data": {"probes": 22}}'))
+    assert info.probes_attached == 0  # bpftrace says so before it attaches
+    out += list(parser.feed(b'{"type": "printf", "data": "@@live\\n"}'))
+    assert info.probes_attached == 22 and out == []
+
+
+def test_how_a_tracer_ended_is_said() -> None:
+    from pgprobe.engines.runner import describe_exit
+
+    assert describe_exit(-9) == "was killed by signal 9 (SIGKILL)"
+    assert describe_exit(-11) == "was killed by signal 11 (SIGSEGV)"
+    assert describe_exit(1) == "exited with status 1"

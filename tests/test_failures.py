@@ -34,7 +34,8 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, *ne
     ("args", "needle"),
     [
         (["lwlocks", "-d", "abc"], "not a number of seconds"),
-        (["lwlocks", "-d", "0"], "must be between"),
+        (["lwlocks", "-d", "0"], "must be more than 0 and at most 86400 seconds: 0"),
+        (["lwlocks", "-d", "90000"], "must be more than 0 and at most 86400 seconds"),
         (["lwlocks", "--interval", "0"], "must be greater than 0"),
         (["lwlocks", "--pid", "-3"], "must be greater than 0"),
         (["lwlocks", "--pid", "12ab"], "not a whole number"),

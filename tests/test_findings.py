@@ -649,6 +649,22 @@ def test_capture_losses_variant() -> None:
     assert "12 profile" in f.title and "3 lwlocks" in f.title and "lower bounds" in f.title
 
 
+def test_capture_server_gone_variant() -> None:
+    """Variant: pgbench.json whose server stopped 5.2 s into the window."""
+    doc = load("pgbench")
+    assert not found(doc, "capture.server_gone")
+    doc["meta"]["server_went_away"] = {
+        "what": "the server stopped",
+        "at": "01:02:03",
+        "sql_window_s": 5.2,
+        "reason": "terminating connection due to administrator command",
+    }
+    f = one(doc, "capture.server_gone")
+    assert f.severity == "medium"
+    assert f.title.startswith("The server stopped during the capture, at 01:02:03")
+    assert "administrator command" in f.evidence and "first 5.20 s of 10.0 s" in f.evidence
+
+
 def test_capture_unresolved_real_stripped_server() -> None:
     f = one(load("pgbench"), "capture.unresolved")
     assert f.severity == "low"

@@ -112,10 +112,18 @@ AggValue = int | Stats | Log2Hist | tuple[int, ...]
 
 @dataclass(frozen=True)
 class MapSpec:
-    """The key layout of one aggregation, as the script declares it."""
+    """The key layout of one aggregation, as the script declares it.
+
+    combine: how two entries whose keys print the same add up ("sum" for
+    count/sum/stats/hist, "max" or "min" for max()/min()). bpftrace keeps
+    distinct keys whose printed text is the same (two stack ids of identical
+    frames, strings with different bytes after their end): one aggregation
+    may print one key twice.
+    """
 
     name: str
     key: tuple[KeyKind, ...]
+    combine: Literal["sum", "max", "min"] = "sum"
 
 
 @dataclass
@@ -150,6 +158,18 @@ class RunInfo:
     failed_map_updates: int = 0  # aggregation updates refused (map full)
     interrupted: bool = False  # ended by Ctrl-C / SIGTERM rather than the duration
     warnings: list[str] = field(default_factory=list)
+    # The probes stopped counting (the first output of the tracer's END, after SIGINT):
+    # the moment a SQL window compared with the probes must close.
+    stopped_counting: bool = False
+    # How the tracer ended when it was not asked to, or did not end as asked: one
+    # sentence ("bpftrace was killed by signal 9 (SIGKILL) 4.1 s after its probes
+    # attached"); None when it stopped as asked. What it printed before is kept and
+    # marked partial.
+    ended_early: str | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.ended_early is not None
 
 
 Event = Snapshot | Line

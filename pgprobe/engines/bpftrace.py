@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pgprobe import histogram
 from pgprobe.engines.base import (
     AggValue,
     Event,
@@ -134,6 +135,9 @@ class BpftraceCapture:
         self.specs = {f"@{s.name}": s for s in specs}
         self.on_tick = on_tick
         self.info = RunInfo(engine="bpftrace", engine_version=bpftrace_version(bpftrace))
+        # A script that prints LIVE_MARKER from BEGIN (after every probe is attached)
+        # is live from then on; bpftrace's own attached_probes comes before it attaches.
+        self.live_marker = LIVE_MARKER_PRINTF in self.script.read_text()
         self.process = TracerProcess(
             "bpftrace",
             [bpftrace, "-f", "json", "-k", str(self.script), *validate_args(args)],
@@ -150,7 +154,7 @@ class BpftraceCapture:
     def events(self) -> Iterator[Event]:
         self.info.warnings.extend(ensure_tracefs())
         self.process.on_tick = self.on_tick
-        parser = _OutputParser(self.specs, self.info)
+        parser = _OutputParser(self.specs, self.info, self.live_marker)
         yield from self.process.run(parser.feed)
         yield from parser.finish()
         self._check_exit(self.process.returncode or 0, self.process.stderr)
@@ -166,7 +170,8 @@ class BpftraceCapture:
             if self.info.interrupted:
                 raise PgprobeError("interrupted before the probes were attached", EXIT_INTERRUPTED)
             raise PgprobeError(f"bpftrace failed: {explain(problems)}", EXIT_TRACER)
-        self.info.warnings.append(f"bpftrace exited with status {returncode}")
+        if self.info.ended_early is None:  # the runner says how, when it can
+            self.info.warnings.append(f"bpftrace exited with status {returncode}")
         self.info.warnings.extend(problems)
 
 
@@ -180,6 +185,9 @@ def _ends_output(raw: bytes) -> bool:
 
 
 _LOST = re.compile(r"Lost (\d+) events")
+# The line a script prints from BEGIN: every probe is attached and counting.
+LIVE_MARKER = "@@live"
+LIVE_MARKER_PRINTF = f'printf("{LIVE_MARKER}\\n")'
 
 
 def explain(stderr_lines: list[str]) -> str:
@@ -198,24 +206,28 @@ class _OutputParser:
     maps, and in END before bpftrace prints the maps left at exit).
     """
 
-    def __init__(self, specs: dict[str, MapSpec], info: RunInfo) -> None:
+    def __init__(self, specs: dict[str, MapSpec], info: RunInfo, live_marker: bool = False) -> None:
         self.specs = specs
         self.info = info
         self.current: Snapshot | None = None
         self.partial_line = ""
+        self.live_marker = live_marker
+        self.attached = 0  # what attached_probes said, until the live marker confirms it
 
     def feed(self, raw: bytes) -> Iterator[Event]:
         raw = raw.strip()
         if not raw:
             return
         try:
-            msg = json.loads(raw)
+            msg = json.loads(raw, object_pairs_hook=_keep_repeated)
         except json.JSONDecodeError:
             self.info.warnings.append(raw.decode(errors="replace")[:200])
             return
         kind, data = msg.get("type"), msg.get("data")
         if kind == "attached_probes":
-            self.info.probes_attached = int(data["probes"])
+            self.attached = int(data["probes"])
+            if not self.live_marker:
+                self.info.probes_attached = self.attached
         elif kind == "time":
             if self.current is not None:
                 yield self.current
@@ -245,7 +257,10 @@ class _OutputParser:
         text = self.partial_line + text
         *complete, self.partial_line = text.split("\n")
         for line in complete:
-            yield Line(line)
+            if line == LIVE_MARKER:
+                self.info.probes_attached = self.attached or 1
+            else:
+                yield Line(line)
 
     def _add_maps(self, kind: str, data: dict[str, Any]) -> None:
         if self.current is None:
@@ -253,14 +268,56 @@ class _OutputParser:
         for name, body in data.items():
             spec = self.specs.get(name)
             key_kinds = spec.key if spec else None
-            self.current.maps[name.lstrip("@")] = parse_map(kind, body, key_kinds)
+            combine = spec.combine if spec else "sum"
+            self.current.maps[name.lstrip("@")] = parse_map(kind, body, key_kinds, combine)
 
 
-def parse_map(kind: str, body: Any, key_kinds: tuple[KeyKind, ...] | None) -> dict[Key, AggValue]:
-    """One map of bpftrace's JSON into {typed key tuple: value}."""
+class _Repeated(list[Any]):
+    """The values of a key that one JSON object holds more than once."""
+
+
+def _keep_repeated(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object_pairs_hook: a repeated key keeps all its values (json keeps the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], _Repeated):
+            out[key].append(value)
+        else:
+            out[key] = _Repeated([out[key], value])
+    return out
+
+
+def parse_map(
+    kind: str, body: Any, key_kinds: tuple[KeyKind, ...] | None, combine: str = "sum"
+) -> dict[Key, AggValue]:
+    """One map of bpftrace's JSON into {typed key tuple: value}.
+
+    Entries whose keys print the same are one row: their values are combined
+    (summed, or the max / min for max() / min() maps), so no count is dropped.
+    """
     if _is_keyless(kind, body):
         return {(): parse_value(kind, body)}
-    return {split_key(raw, key_kinds): parse_value(kind, value) for raw, value in body.items()}
+    out: dict[Key, AggValue] = {}
+    for raw, value in body.items():
+        key = split_key(raw, key_kinds)
+        values = value if isinstance(value, _Repeated) else [value]
+        for one in values:
+            parsed = parse_value(kind, one)
+            out[key] = combine_values(out[key], parsed, combine) if key in out else parsed
+    return out
+
+
+def combine_values(a: AggValue, b: AggValue, combine: str) -> AggValue:
+    """Two values of one aggregation that belong to the same printed key."""
+    if isinstance(a, Stats) and isinstance(b, Stats):
+        return Stats(a.count + b.count, a.total + b.total)
+    if isinstance(a, Log2Hist) and isinstance(b, Log2Hist):
+        return histogram.merge((a, b))
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b) if combine == "max" else min(a, b) if combine == "min" else a + b
+    raise ValueError(f"cannot combine {a!r} and {b!r}")
 
 
 def _is_keyless(kind: str, body: Any) -> bool:

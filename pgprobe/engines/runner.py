@@ -62,6 +62,9 @@ class TracerProcess:
         self._child: subprocess.Popen[bytes] | None = None
         self._stop_requested = threading.Event()
         self._resends = 0
+        self._started = 0.0
+        self._attached_at: float | None = None
+        self._signalled_at: float | None = None
 
     def request_stop(self) -> None:
         """End the capture early (thread-safe): the maps are still printed and parsed."""
@@ -74,7 +77,7 @@ class TracerProcess:
             child.kill()
 
     def run(self, feed: Callable[[bytes], Iterable[Event]]) -> Iterator[Event]:
-        started = time.monotonic()
+        started = self._started = time.monotonic()
         child = subprocess.Popen(
             self.argv,
             stdout=subprocess.PIPE,
@@ -98,6 +101,27 @@ class TracerProcess:
                 child.wait()
                 reader.join(timeout=2)
         self.returncode = child.returncode
+        self._say_how_it_ended(child.returncode, time.monotonic())
+
+    def _say_how_it_ended(self, returncode: int, now: float) -> None:
+        """A tracer that ended by itself, or not by our SIGINT, is a fact to report."""
+        asked = self._signalled_at is not None
+        if asked and returncode in (0, -signal.SIGINT):
+            return
+        if not self.info.probes_attached or self.info.ended_early:
+            return  # a failure to start: the engine explains it from stderr
+        how = describe_exit(returncode)
+        since = self._attached_at if self._attached_at is not None else self._started
+        when = f"{now - since:.1f} s after its probes attached"
+        if asked:
+            self.info.ended_early = (
+                f"{self.name} {how} while printing its results, {when}, "
+                f"{now - self._signalled_at:.1f} s after it was asked to stop"  # type: ignore[operator]
+            )
+        else:
+            self.info.ended_early = f"{self.name} {how} {when}, before the end of the capture"
+        if self.stderr:
+            self.info.ended_early += f" (its last words: {self.stderr[-1][:160]})"
 
     def _pump(
         self,
@@ -123,10 +147,14 @@ class TracerProcess:
                 for raw in lines:
                     if signalled_at is not None and not self._ending:
                         self._ending = self.ends_output(raw)
+                        if self._ending and attached_at is not None:
+                            # END's first output: the probes have stopped counting.
+                            self.info.stopped_counting = True
+                            self.info.duration_seconds = time.monotonic() - attached_at
                     yield from feed(raw)
             now = time.monotonic()
             if attached_at is None and self.info.probes_attached:
-                attached_at = now
+                attached_at = self._attached_at = now
                 self.info.attach_seconds = now - started
             if attached_at is not None and signalled_at is None:
                 self.info.duration_seconds = now - attached_at
@@ -137,7 +165,7 @@ class TracerProcess:
             if signalled_at is None and (stopping or remaining == 0.0):
                 self.info.interrupted = stopping
                 child.send_signal(signal.SIGINT)
-                signalled_at = now
+                signalled_at = self._signalled_at = now
             elif signalled_at is not None:
                 self._insist(child, now - signalled_at)
             if attached_at is None and signalled_at is None and now - started > STARTUP_TIMEOUT_S:
@@ -164,7 +192,7 @@ class TracerProcess:
         if waited > self.kill_after_s:
             child.kill()
             child.wait()
-            self.info.warnings.append(
+            self.info.ended_early = (
                 f"{self.name} did not stop within {self.kill_after_s:.0f} s of SIGINT and was "
                 "killed: its maps are lost"
             )
@@ -212,6 +240,17 @@ def _recording(
         return feed(raw)
 
     return recorded
+
+
+def describe_exit(returncode: int) -> str:
+    """'was killed by signal 9 (SIGKILL)' or 'exited with status 1'."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-returncode} ({name})"
+    return f"exited with status {returncode}"
 
 
 class _StopSignals:

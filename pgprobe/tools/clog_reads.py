@@ -55,7 +55,7 @@ from pgprobe.engines.base import (
     Snapshot,
     Stats,
 )
-from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
+from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.render import table
 from pgprobe.stacks import fold, write_folded
 from pgprobe.symbolize import Frame, Symbolizer, folded_names
@@ -95,9 +95,6 @@ STAT_COLUMNS = (
     "truncates",
 )
 STATS_SQL = f"SELECT name, {', '.join(STAT_COLUMNS)} FROM pg_stat_slru"
-# After bpftrace says it attaches, its tracepoints are all live within ~20 ms
-# here; pg_stat_slru's "before" is read this long after that message.
-ATTACH_SETTLE_S = 0.1
 STACKS_SHOWN = 10
 FILES_SHOWN = 4
 
@@ -105,7 +102,7 @@ KEY: tuple[KeyKind, ...] = ("int", "str")  # pid, file as opened ("pg_xact/0005"
 MAPS = (
     MapSpec("read_stats", KEY),
     MapSpec("read_bytes", KEY),
-    MapSpec("read_max_ns", KEY),
+    MapSpec("read_max_ns", KEY, combine="max"),
     MapSpec("read_ns", KEY),
     MapSpec("open_errors", KEY),
     MapSpec("read_stacks", ("int", "stack")),
@@ -384,17 +381,20 @@ class SlruStats:
     and readers see the collector's file. pg_stat_force_next_flush() acts on the calling
     session only, so pgprobe cannot make the other backends flush.
 
-    pgprobe reads "before" right after the probes attach (ATTACH_SETTLE_S
-    after the tracer says so) and "after" as soon as the tracer has exited,
-    so both reads bound the traced window. The two edges then lag the same
-    way: reads made shortly before the window and flushed inside it are in
-    the delta but not traced, reads near its end not flushed yet are traced
-    but not in the delta; on a steady load these cancel out, and on a quiet
-    window (every backend that read had flushed its counts before the end,
-    and had nothing pending at the start) the two agree exactly. Waiting for
-    the counts to settle after the capture was tried and dropped: it lets
-    every read made during the wait into the delta without tracing it, a
-    bias that does not cancel.
+    One window: the probe script counts from its BEGIN (run once every probe
+    is attached; it prints "@@live") to the start of its END (after SIGINT,
+    before bpftrace prints its maps, which takes a second or more while the
+    probes stay attached). pgprobe reads "before" as soon as "@@live" arrives
+    and "after" as soon as END's first line does, so both windows agree
+    within the few milliseconds a line takes to arrive and a query to run.
+    What remains is PostgreSQL's own lag: reads made shortly before the
+    window and flushed inside it are in the delta but not traced, reads near
+    its end not flushed yet are traced but not in the delta; on a steady
+    load these nearly cancel out, and on a quiet window (every backend that
+    read had flushed its counts before the end, and had nothing pending at
+    the start) the two agree exactly. Waiting for the counts to settle after
+    the capture was tried and dropped: it lets every read made during the
+    wait into the delta without tracing it, a bias that does not cancel.
     """
 
     conn: Any = None
@@ -633,6 +633,7 @@ class Session:
     warned_unavailable: str | None = None  # said on stderr at the start
     folded: dict[str, int] = field(default_factory=dict)  # every snapshot's stacks, for --folded
     all_stacks: list[StackRow] = field(default_factory=list)  # every snapshot's, for --pprof
+    closing: dict[str, dict[str, Any]] | None = None  # pg_stat_slru when the probes stopped
 
     def keep(self, pid: int) -> bool:
         """Reads of the targets; never those of pgprobe's own session."""
@@ -934,10 +935,12 @@ def run(ns: argparse.Namespace) -> int:
         capture = start(ns, targets, slrus, mode, ns.interval)
         final = _run_capture(session, capture)
         if final is None:
-            raise PgprobeError("the tracer ended without printing its maps", EXIT_TRACER)
+            raise common.nothing_kept(capture.info)
         snapshot, info = final
         _merge_repeated_warnings(info)
-        session.emit(snapshot, info, stats.delta())
+        # The closing pg_stat_slru read was taken when the probes stopped counting;
+        # without that moment (the tracer died), now.
+        session.emit(snapshot, info, session.closing or stats.delta())
     finally:
         stats.close()
     return 0
@@ -952,15 +955,19 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
     ns = session.ns
     countdown = common.Countdown(f"SLRU reads of {', '.join(session.slrus)}", ns.duration)
     attached = False
+    closing: dict[str, dict[str, Any]] | None = None
 
     def tick(info: RunInfo, remaining: float | None) -> None:
-        nonlocal attached
-        if session.namer is not None:
-            session.namer.tick()
+        # Called right after the chunk of output that made the probes live, or
+        # showed that they stopped counting: the SQL window's edges.
+        nonlocal attached, closing
         if remaining is not None and not attached:
             attached = True
-            time.sleep(ATTACH_SETTLE_S)
             session.stats.start()
+        if info.stopped_counting and attached and closing is None:
+            closing = session.stats.delta()
+        if session.namer is not None:
+            session.namer.tick()
         countdown.tick(info, remaining)
 
     capture.on_tick = tick
@@ -973,6 +980,7 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
                     session.on_line(event)
             elif event.final:
                 final = (event, capture.info)
+                session.closing = closing
             else:
                 with countdown.paused():
                     session.emit(event, capture.info, session.stats.delta())

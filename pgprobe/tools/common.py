@@ -14,6 +14,7 @@ from pgprobe import discover, engines
 from pgprobe.discover import Targets
 from pgprobe.engines import bpftrace
 from pgprobe.engines.base import Capture, Line, MapSpec, RunInfo, Snapshot
+from pgprobe.errors import EXIT_TRACER, PgprobeError
 
 MAX_DURATION_S = 24 * 3600
 
@@ -41,7 +42,9 @@ def duration_value(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0 < value <= MAX_DURATION_S:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_DURATION_S} seconds")
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {MAX_DURATION_S} seconds: {text}"
+        )
     return value
 
 
@@ -51,7 +54,11 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-p", "--port", type=positive_int, help="server port")
     group.add_argument("-U", "--username", help="database user")
     # -d is the duration in every pgprobe tool, so the database name is long-only.
-    group.add_argument("--dbname", help="database name, or a connection string / URI")
+    group.add_argument(
+        "--dbname",
+        metavar="DBNAME",
+        help="a database name, a key=value connection string or a postgresql:// URI (as psql)",
+    )
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,15 +150,26 @@ def snapshots(
     running: Capture, ns: argparse.Namespace, what: str
 ) -> Iterator[tuple[Snapshot, RunInfo]]:
     """The capture's snapshots, with a countdown on a terminal's stderr meanwhile."""
+    delivered = False
     with Countdown(what, ns.duration) as countdown:
         running.on_tick = countdown.tick
         for event in running.events():
             if isinstance(event, Snapshot):
+                delivered = True
                 with countdown.paused():
                     yield event, running.info
             elif isinstance(event, Line):
                 with countdown.paused():
                     print(event.text, flush=True)
+    if not delivered:
+        raise nothing_kept(running.info)
+
+
+def nothing_kept(info: RunInfo) -> PgprobeError:
+    """The tracer gave back no results: why, in one line (exit code 6)."""
+    engine = info.engine or "the tracer"
+    reason = info.ended_early or f"{engine} ended without printing its maps"
+    return PgprobeError(f"{reason}: nothing was collected", EXIT_TRACER)
 
 
 class Countdown:
@@ -239,6 +257,9 @@ def meta(targets: Targets, info: RunInfo, snapshot: Snapshot, **extra: Any) -> d
         "attach_s": round(info.attach_seconds, 3),
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "warnings": list(info.warnings),
+        # The tracer died: what it printed before is here, and no more.
+        "partial": info.partial,
+        "tracer_ended_early": info.ended_early,
     }
     data.update({k: v for k, v in extra.items() if v is not None})
     return data
@@ -256,6 +277,8 @@ def title(what: str, meta: dict[str, Any]) -> str:
     )
     when = f" at {meta['snapshot_time']}" if meta.get("interval") else ""
     stop = ", interrupted" if meta["interrupted"] else ""
+    if meta.get("partial"):
+        stop += ", PARTIAL (the tracer died: see the warning)"
     return (
         f"{what}{when}: {who} (postmaster {meta['postmaster_pid']}, PostgreSQL "
         f"{meta['postgres_version'].split()[0]}), {meta['duration_s']:.1f} s traced{stop}"
@@ -264,6 +287,12 @@ def title(what: str, meta: dict[str, Any]) -> str:
 
 def print_losses(info: RunInfo) -> None:
     """Every loss is said (on stderr, so piped tables stay clean)."""
+    if info.ended_early:
+        print(
+            f"pgprobe: warning: {info.ended_early}: what it printed before is shown, "
+            "marked partial",
+            file=sys.stderr,
+        )
     if info.lost_events:
         print(f"pgprobe: warning: {info.lost_events} events lost", file=sys.stderr)
     if info.failed_map_updates:

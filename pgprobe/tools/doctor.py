@@ -304,9 +304,27 @@ def check_binary(binary: str | None) -> list[Check]:
             Check("usdt probes", "fail", "built without --enable-dtrace (no lwlock__wait__start)",
                   "install a build with probes (Debian, Ubuntu and PGDG packages have them)")
         )  # fmt: skip
+    checks.append(_foreign_uprobes_check(binary, names))
     checks.append(_frame_pointer_check(binary))
     checks.append(_symbols_check(binary))
     return checks
+
+
+def _foreign_uprobes_check(binary: str, names: frozenset[tuple[str, str]]) -> Check:
+    """Uprobes of other tools on the server's USDT sites (uprobe_events): they block ours."""
+    ours = tuple(sorted(name for provider, name in names if provider == usdt.PROVIDER))
+    found = usdt.foreign_uprobes(binary, ours)
+    if not found:
+        return Check("other uprobes", "ok", "none on the server's USDT probe sites")
+    fixes = sorted({f.describe().rpartition("remove it: ")[2] for f in found})
+    return Check(
+        "other uprobes",
+        "warn",
+        f"{len(found)} other uprobes on the server's USDT sites: "
+        + "; ".join(f"{f.event} on {f.site.name} at 0x{f.site.offset:x}" for f in found)
+        + " (while in use, the kernel refuses pgprobe's probes there: events are missed)",
+        "; ".join(fixes),
+    )
 
 
 def _frame_pointer_check(binary: str) -> Check:

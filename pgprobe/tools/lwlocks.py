@@ -8,6 +8,7 @@ by total wait time, with percentiles estimated from the histogram.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,9 +30,13 @@ MIN_MAJOR = 13  # names in the probe equal pg_stat_activity's wait_event from 13
 KEY: tuple[KeyKind, ...] = ("int", "str", "str")  # pid (0 unless keyed by pid), tranche, mode
 MAPS = (
     MapSpec("wait_stats", KEY),
-    MapSpec("wait_max_ns", KEY),
+    MapSpec("wait_max_ns", KEY, combine="max"),
     MapSpec("wait_ns", KEY),
+    MapSpec("wait_unfinished", ()),
 )
+# Unfinished waits beyond this and beyond 5 % of the waits: the done probe missed some.
+UNFINISHED_MIN = 10
+UNFINISHED_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,8 @@ def check_server(targets: Targets) -> None:
             EXIT_ENV,
         )
     usdt.require(cluster.binary, PROBES)
+    for foreign in usdt.foreign_uprobes(cluster.binary, PROBES):
+        print(f"pgprobe: warning: {foreign.describe()}", file=sys.stderr)
 
 
 def script_args(targets: Targets, by_pid: bool, interval: int | None) -> list[int | Path]:
@@ -129,8 +136,32 @@ def script_args(targets: Targets, by_pid: bool, interval: int | None) -> list[in
     return [Path(cluster.binary), cluster.postmaster_pid, int(key_by_pid), interval or 0, single]
 
 
+def unmatched_warning(snapshot: Snapshot) -> str | None:
+    """Waits that started and never ended in the probe: a site that did not attach.
+
+    Every lwlock__wait__start is followed by an lwlock__wait__done in the same
+    backend. A backend caught mid-wait when the probes attach leaves one
+    unfinished wait at most; many more mean the done probe is not attached
+    everywhere (e.g. another uprobe without the USDT semaphore on one of its
+    sites): those waits are missing from the table, so say it.
+    """
+    unfinished = snapshot.get("wait_unfinished").get((), 0)
+    assert isinstance(unfinished, int)
+    waits = sum(v.count for v in snapshot.get("wait_stats").values() if isinstance(v, Stats))
+    never_done = waits == 0 and unfinished > 1  # the done probe never fired at all
+    many = unfinished > UNFINISHED_MIN and unfinished > UNFINISHED_SHARE * (waits + unfinished)
+    if not (never_done or many):
+        return None
+    return (
+        f"{unfinished:,} LWLock waits started and never ended in the probe "
+        f"(lwlock__wait__done fired for {waits:,}): they are missing from the table; a probe "
+        "site did not attach or stopped firing (`pgprobe doctor` lists other uprobes on the "
+        "server's probe sites)"
+    )
+
+
 def records(snapshot: Snapshot) -> list[WaitRecord]:
-    stats, maxes, hists = (snapshot.get(m.name) for m in MAPS)
+    stats, maxes, hists = (snapshot.get(m.name) for m in MAPS[:3])
     out = []
     for key, value in stats.items():
         assert isinstance(value, Stats)
@@ -252,9 +283,14 @@ def emit(
     targets: Targets,
     by_pid: bool,
 ) -> None:
+    unmatched = unmatched_warning(snapshot)
+    if unmatched and unmatched not in info.warnings:
+        info.warnings.append(unmatched)
     meta = common.meta(targets, info, snapshot, interval=ns.interval)
     if ns.json:
         common.print_json(NAME, meta, [r.as_json() for r in result])
+        if info.ended_early and snapshot.final:  # meta says it too; a script's log should
+            common.print_losses(RunInfo(ended_early=info.ended_early))
         return
     columns = (PID_COLUMNS if by_pid else []) + COLUMNS
     title = common.title("LWLock waits", meta)

@@ -6,6 +6,9 @@ PostgreSQL's cumulative views. The captures run as parallel bpftrace
 processes, each in a thread of ours; a part that cannot run here (an old
 server, no USDT probes) is left out with the reason, and the others go on.
 Findings (pgprobe.findings) come first in the report, then the evidence.
+
+Over 400 lines: the window's edges (the parts, the SQL readings when probes
+start and stop counting, the server going away) are one story and stay together.
 """
 
 from __future__ import annotations
@@ -195,26 +198,36 @@ def capture_window(ns: argparse.Namespace, targets: Targets) -> dict[str, Any]:
     assert conninfo is not None
     warnings: list[str] = []
     parts = start_parts(ns, targets, warnings)
-    sampler = pgstats.ActivitySampler(conninfo)
-    window: dict[str, Any] = {}
+    sampler = pgstats.ActivitySampler(conninfo, keep_counters=True)
+    window: dict[str, Any] = {"before": None, "max_connections": None}
 
     def on_attached() -> None:
         # The SQL window opens when the probes are in, so both see the same seconds.
-        with discover.connect_conninfo(conninfo) as conn:
-            window["before"] = pgstats.read_counters(conn)
-            window["max_connections"] = _setting(conn, "max_connections")
         window["started_at"] = dt.datetime.now(dt.timezone.utc)
+        try:
+            with discover.connect_conninfo(conninfo) as conn:
+                window["before"] = pgstats.read_counters(conn)
+                window["max_connections"] = _setting(conn, "max_connections")
+        except Exception as exc:  # noqa: BLE001 - the server went away: the probes go on
+            window["lost"] = _reason(exc)
+            return
         sampler.start()
 
-    _run_parts(parts, ns.duration, on_attached)
-    if not window:  # stopped before every probe was in
+    def on_edge(edge: str) -> None:
+        # pg_stat_slru beside the SLRU capture: read when its probes start and stop counting.
+        try:
+            with discover.connect_conninfo(conninfo) as conn:
+                window[edge] = pgstats.read_counters(conn)
+        except Exception:  # noqa: BLE001 - the server went away: said by the window's close
+            return
+
+    _run_parts(parts, ns.duration, on_attached, on_edge)
+    if "started_at" not in window:  # stopped before every probe was in
         on_attached()
-    sampler.stop()
-    with discover.connect_conninfo(conninfo) as conn:
-        after = pgstats.read_counters(conn)
-    before, started_at, max_connections = (
-        window["before"], window["started_at"], window["max_connections"]
-    )  # fmt: skip
+    if sampler.is_alive():
+        sampler.stop()
+    before, started_at = window["before"], window["started_at"]
+    after, gone = _close_window(conninfo, before, sampler, window.get("lost"))
     if sampler.error:
         warnings.append(sampler.error)
     doc: dict[str, Any] = {
@@ -224,29 +237,105 @@ def capture_window(ns: argparse.Namespace, targets: Targets) -> dict[str, Any]:
         "clog_reads": None,
         "hot": None,
         "flame": None,
-        "activity": sampler.document(),
-        "stats": pgstats.deltas(before, after),
+        "activity": sampler.document() if before is not None else None,
+        "stats": pgstats.deltas(before, after) if before and after else None,
     }
+    if gone is not None:
+        warnings.append(
+            f"stats, activity: {gone['what']} at {gone['at']}: PostgreSQL's statistics and "
+            f"pg_stat_activity cover {gone['sql_window_s']:.1f} s of the window ({gone['reason']})"
+        )
     losses: dict[str, int] = {}
     unresolved_pct = 0.0
     for part in parts:
+        info = part.capture.info
         if part.final is None:
-            warnings.append(f"{part.name} produced nothing: {part.error or 'no output'}")
+            why = part.error or info.ended_early or "no output"
+            warnings.append(f"{part.name} produced nothing: {why}")
             continue
         snapshot, info = part.final
         section = part.section(snapshot, info)
         losses[part.name] = info.lost_events + info.failed_map_updates + section.pop("_lost", 0)
+        if info.ended_early:
+            warnings.append(f"{part.name} is partial: {info.ended_early}")
         warnings.extend(f"{part.name}: {w}" for w in info.warnings)
         if part.name == "profile":
             unresolved_pct = section.pop("_unresolved_pct")
             doc.update(section)  # the hot and flame sections, and the SVG for the report
         else:
             doc[part.name] = section
-    if doc["clog_reads"] is not None:  # the same window's pg_stat_slru, beside the probe's reads
+    live, stopped = window.get("clog_live"), window.get("clog_stopped")
+    if (
+        doc["stats"] is not None
+        and live
+        and stopped
+        and live.server_started == stopped.server_started
+    ):
+        # pg_stat_slru over the SLRU capture's own window (its probes' start and stop)
+        doc["stats"]["slru"] = pgstats.slru_deltas(live.slru, stopped.slru)
+        window["slru_window_s"] = round(stopped.taken_at - live.taken_at, 3)
+    if doc["clog_reads"] is not None and doc["stats"] is not None:
+        # the same window's pg_stat_slru, beside the probe's reads
         doc["clog_reads"]["meta"]["slru_stats"] = doc["stats"]["slru"]
-    doc["meta"] = _meta(ns, targets, parts, started_at, max_connections, losses, warnings)
+    doc["meta"] = _meta(ns, targets, parts, started_at, window["max_connections"], losses, warnings)
     doc["meta"]["unresolved_pct"] = unresolved_pct
+    doc["meta"]["server_went_away"] = gone
+    doc["meta"]["slru_stats_window_s"] = window.get("slru_window_s")
     return doc
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, PgprobeError) else pgstats.first_line(exc)
+
+
+def _close_window(
+    conninfo: str,
+    before: pgstats.Counters | None,
+    sampler: pgstats.ActivitySampler,
+    lost: str | None,
+) -> tuple[pgstats.Counters | None, dict[str, Any] | None]:
+    """The counters that close the SQL window, and what happened if the server went away.
+
+    Normally a fresh reading now. If the server stopped, crashed or restarted
+    during the capture (no answer now, or another pg_postmaster_start_time), the
+    window is cut at the sampler's last good reading, and `gone` says so.
+    """
+    if before is None:
+        return None, _gone("the server went away", before, None, lost or "not reachable")
+    try:
+        with discover.connect_conninfo(conninfo) as conn:
+            now = pgstats.read_counters(conn)
+    except Exception as exc:  # noqa: BLE001
+        return sampler.last_counters, _gone(
+            "the server stopped", before, sampler, sampler.error or _reason(exc)
+        )
+    if now.server_started != before.server_started:
+        return sampler.last_counters, _gone(
+            "the server restarted",
+            before,
+            sampler,
+            f"it started again at {now.server_started}, counters reset",
+        )
+    return now, None
+
+
+def _gone(
+    what: str,
+    before: pgstats.Counters | None,
+    sampler: pgstats.ActivitySampler | None,
+    reason: str,
+) -> dict[str, Any]:
+    """meta.server_went_away: when the SQL side lost the server, and how much it kept."""
+    lost_at = sampler.lost_at if sampler is not None and sampler.lost_at else time.monotonic()
+    wall = dt.datetime.now() - dt.timedelta(seconds=time.monotonic() - lost_at)
+    last = sampler.last_counters if sampler is not None else None
+    kept = last.taken_at - before.taken_at if last is not None and before is not None else 0.0
+    return {
+        "what": what,
+        "at": wall.strftime("%H:%M:%S"),
+        "sql_window_s": round(kept, 3),
+        "reason": reason,
+    }
 
 
 def _setting(conn: Any, name: str) -> int | None:
@@ -256,11 +345,19 @@ def _setting(conn: Any, name: str) -> int | None:
     return int(row[0]) if row else None
 
 
-def _run_parts(parts: list[Part], duration: float, on_attached: Callable[[], None]) -> None:
+def _run_parts(
+    parts: list[Part],
+    duration: float,
+    on_attached: Callable[[], None],
+    on_edge: Callable[[str], None] = lambda edge: None,
+) -> None:
     """Run every capture in its own thread; Ctrl-C / SIGTERM stop them all, data kept.
 
-    on_attached is called once every capture has its probes in (or has ended).
+    on_attached is called once every capture has its probes in (or has ended);
+    on_edge("clog_live") and on_edge("clog_stopped") when the SLRU capture starts
+    and stops counting (within the 0.1 s of this loop), for its pg_stat_slru window.
     """
+    edges: set[str] = set()
     for part in parts:
         part.thread = threading.Thread(target=part.run, name=part.name, daemon=True)
         part.thread.start()
@@ -277,6 +374,13 @@ def _run_parts(parts: list[Part], duration: float, on_attached: Callable[[], Non
         with common.Countdown("triage (CPU, LWLocks, SLRU, SQL)", duration) as countdown:
             attached_at: float | None = None
             while any(running(p) for p in parts):
+                for p in parts:
+                    info = p.capture.info
+                    for edge, reached in (("clog_live", info.probes_attached),
+                                          ("clog_stopped", info.stopped_counting)):  # fmt: skip
+                        if p.name == "clog_reads" and reached and edge not in edges:
+                            edges.add(edge)
+                            on_edge(edge)
                 if attached_at is None and all(
                     p.capture.info.probes_attached or not running(p) for p in parts
                 ):

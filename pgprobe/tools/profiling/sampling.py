@@ -228,7 +228,7 @@ def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
     for snapshot, info in common.snapshots(run.capture, ns, "CPU samples"):
         final = (snapshot, info)
     if final is None:
-        raise PgprobeError("bpftrace ended without printing its maps", EXIT_TRACER)
+        raise common.nothing_kept(run.capture.info)
     return run.finish(*final, names_at_end=names_at_end)
 
 
