@@ -42,6 +42,14 @@ def read_info(pid: int) -> ProcInfo | None:
     )
 
 
+def run_count(pid: int) -> int | None:
+    """How many times the kernel has put pid on a CPU (/proc/PID/schedstat, field 3)."""
+    try:
+        return int((PROC / str(pid) / "schedstat").read_text().split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def read_link(path: Path) -> str | None:
     try:
         return os.readlink(path)

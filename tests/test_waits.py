@@ -8,9 +8,14 @@ by pid, during which, with two CPU burners saturating both CPUs:
   Lock:transactionid equals the blocked statement's duration less its CPU and
   runqueue time, +- 2 %;
 - on CPU and runqueue of three backends equal their /proc/PID/schedstat deltas
-  (fields 1 and 2) over the same window +- 2 % (the CPU-bound one: +- 5 %, see
-  below; a 50 us floor: scheduler clock and tracepoints differ by us per switch);
+  (fields 1 and 2) over the same window +- 2 %, or a floor of PER_RUN_US per run
+  on a CPU (the scheduler's clock and the tracepoint's differ by us per switch),
+  plus, for CPU time, the machine's steal time (not in schedstat's CPU time);
+  the backends are idle across both edges of the window (checked), so the
+  schedstat reads and the probe cover the same interval;
 - a backend that exits during the capture is accounted and named;
+- a backend idle through the whole capture is idle in Client:ClientRead (not
+  "asleep since before the capture"): it never ran, so pg_stat_activity names it;
 - the names pgprobe gives equal pg_stat_activity's for the same backends,
   sampled while they wait (and background processes' main-loop events).
 """
@@ -35,6 +40,23 @@ from pgprobe import waitevents
 from pgprobe.sandbox import PgCluster
 
 CPU_QUERY = "SELECT count(*) FROM generate_series(1, 3000000)"
+# The blocked statement's own account, read inside the server around the UPDATE only:
+# its wall time and its schedstat deltas (/proc/self is the backend). What it spent
+# before and after (woken from ClientRead, waiting for a CPU under the burners: tens
+# of ms) is outside; subtracting the whole window's deltas made the truth 24 ms short.
+BLOCKED_UPDATE = """
+CREATE FUNCTION blocked_update(OUT wall_ns bigint, OUT cpu_ns bigint, OUT runq_ns bigint)
+LANGUAGE plpgsql AS $$
+DECLARE t0 timestamptz; s0 text[]; s1 text[];
+BEGIN
+  t0 := clock_timestamp();
+  s0 := string_to_array(pg_read_file('/proc/self/schedstat'), ' ');
+  UPDATE t SET v = 2 WHERE id = 1;
+  s1 := string_to_array(pg_read_file('/proc/self/schedstat'), ' ');
+  wall_ns := (extract(epoch FROM clock_timestamp() - t0) * 1e9)::bigint;
+  cpu_ns := s1[1]::bigint - s0[1]::bigint;
+  runq_ns := s1[2]::bigint - s0[2]::bigint;
+END $$"""
 BUILDS_ROOT = Path("/var/cache/pgprobe/postgresql")
 BUILDS = {"debian15": Path("/usr/lib/postgresql/15/bin")}
 for _v in ("14.22.0", "15.17.0", "16.13.0", "17.10.0", "18.6.0"):
@@ -76,6 +98,7 @@ def build_cluster(request: pytest.FixtureRequest) -> Iterator[PgCluster]:
     try:
         with PgCluster(name="pgprobe-waits") as pg:
             pg.sql("CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)")
+            pg.sql(BLOCKED_UPDATE)
             yield pg
     finally:
         if old is None:
@@ -84,9 +107,24 @@ def build_cluster(request: pytest.FixtureRequest) -> Iterator[PgCluster]:
             os.environ["PGPROBE_PG_BINDIR"] = old
 
 
-def schedstat(pid: int) -> tuple[int, int]:
+def schedstat(pid: int) -> tuple[int, int, int]:
+    """(ns on CPU, ns waiting for a CPU, times run on a CPU): /proc/PID/schedstat."""
     fields = Path(f"/proc/{pid}/schedstat").read_text().split()
-    return int(fields[0]), int(fields[1])
+    return int(fields[0]), int(fields[1]), int(fields[2])
+
+
+def settled(pids: dict[str, int], quiet_s: float = 1.5) -> dict[str, tuple[int, int, int]]:
+    """Their schedstat once none of them ran for quiet_s."""
+    deadline = time.monotonic() + 60
+    last = {n: schedstat(p) for n, p in pids.items()}
+    since = time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"backends never idle for {quiet_s} s: {last}"
+        time.sleep(0.1)
+        now = {n: schedstat(p) for n, p in pids.items()}
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
 
 
 def wait_attached(probe: subprocess.Popen[str]) -> None:
@@ -107,6 +145,14 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
     pytest.fail(f"bpftrace did not attach: {probe.communicate(timeout=60)[1]}")
 
 
+PER_RUN_US = 25.0
+
+
+def steal_ticks() -> int:
+    """The machine's steal time (the hypervisor ran another guest) in /proc/stat ticks."""
+    return int(Path("/proc/stat").read_text().split("\n", 1)[0].split()[8])
+
+
 def near(measured: float, truth: float, pct: float = 2.0, floor: float = 0.0) -> bool:
     return abs(measured - truth) <= max(truth * pct / 100, floor)
 
@@ -123,9 +169,21 @@ def total_us(rows: list[dict[str, Any]], pid: int, category: str, wtype: str = "
 
 def test_time_model_against_truth(build_cluster: PgCluster) -> None:
     pg = build_cluster
-    conns = {name: pg.connect() for name in ("sleeper", "holder", "blocked", "leaver", "cpu")}
-    pids = {n: int(c.execute("SELECT pg_backend_pid()").fetchone()[0]) for n, c in conns.items()}
+    names = ("sleeper", "holder", "blocked", "leaver", "cpu", "idler")
+    conns = {name: pg.connect() for name in names}
+    # No statement before the window: a 15+ backend whose statement ends within
+    # PGSTAT_MIN_INTERVAL (1 s) of its last statistics flush (the one at connection)
+    # arms IDLE_STATS_UPDATE_TIMEOUT and wakes PGSTAT_IDLE_INTERVAL (10 s) later to
+    # flush: inside the probe's window but outside the schedstat reads, or the other
+    # way round (every 15-17 run once the edges were checked; measured: 10.0 s after).
+    # The statements in the window end more than 1 s after connecting: no timer.
+    pids = {n: c.info.backend_pid for n, c in conns.items()}
+    watched = {n: pids[n] for n in ("sleeper", "blocked", "cpu", "idler")}
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    # One window: the watched backends sleep across both edges of the probe's window,
+    # so the schedstat deltas between the reads are the deltas over the probe's window.
+    before = settled(watched)
+    steal_before = steal_ticks()
     probe = subprocess.Popen(
         [sys.executable, "-m", "pgprobe", "waits", *pg.conn_args, "--by", "pid", "--json",
          "-d", "120"],
@@ -133,22 +191,12 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
     )  # fmt: skip
     try:
         wait_attached(probe)
-        watched = ("sleeper", "blocked", "cpu")
-        before = {n: schedstat(pids[n]) for n in watched}
-        blocked_s: list[float] = []
+        assert {n: schedstat(p) for n, p in watched.items()} == before, "ran while attaching"
+        blocked_truth: list[tuple[int, int, int]] = []
 
         def block() -> None:
-            # Measured in the server (statement start to the row's update), not the
-            # client: a client thread on a saturated machine waits for a CPU too.
-            row = (
-                conns["blocked"]
-                .execute(
-                    "UPDATE t SET v = 2 WHERE id = 1 RETURNING "
-                    "extract(epoch FROM clock_timestamp() - statement_timestamp())::float8"
-                )
-                .fetchone()
-            )
-            blocked_s.append(float(row[0]))
+            row = conns["blocked"].execute("SELECT * FROM blocked_update()").fetchone()
+            blocked_truth.append((int(row[0]), int(row[1]), int(row[2])))
 
         conns["holder"].execute("BEGIN")
         conns["holder"].execute("UPDATE t SET v = 1 WHERE id = 1")
@@ -172,8 +220,6 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
         for thread in work:
             thread.join(timeout=60)
         conns["leaver"].close()
-        time.sleep(0.5)
-        after = {n: schedstat(pids[n]) for n in watched}
         background = {
             int(pid): (str(bt), str(wt), str(we))
             for pid, bt, wt, we in pg.sql(
@@ -182,8 +228,11 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
                 "'client backend'"
             )
         }
+        after = settled(watched)
         probe.send_signal(signal.SIGINT)
         out, err = probe.communicate(timeout=120)
+        steal_after = steal_ticks()
+        assert {n: schedstat(p) for n, p in watched.items()} == after, "ran while stopping"
     finally:
         for burner in burners:
             burner.kill()
@@ -206,29 +255,59 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
     print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")
     assert near(sleep_s, 2.0), sleep_s
 
-    blocked = pids["blocked"]
-    lock_s = total_us(rows, blocked, "wait", "Lock", "transactionid") / 1e6
-    d_cpu = (after["blocked"][0] - before["blocked"][0]) / 1e9
-    d_runq = (after["blocked"][1] - before["blocked"][1]) / 1e9
-    truth = blocked_s[0] - d_cpu - d_runq
-    print(f"transactionid {lock_s:.4f} s, blocked statement {blocked_s[0]:.4f} s "
-          f"less its CPU and runqueue: {truth:.4f}")  # fmt: skip
+    # The blocked UPDATE off CPU = its wall time less its CPU and runqueue time, all
+    # read inside the server around the UPDATE. Physical residual: a running task's
+    # schedstat CPU lags by the CPU used since its last tick or switch-in (<= 1 tick).
+    wall_ns, cpu_ns, runq_ns = blocked_truth[0]
+    lock_s = total_us(rows, pids["blocked"], "wait", "Lock", "transactionid") / 1e6
+    truth = (wall_ns - cpu_ns - runq_ns) / 1e9
+    print(f"transactionid {lock_s:.4f} s; the UPDATE: {wall_ns / 1e9:.4f} s less its CPU "
+          f"{cpu_ns / 1e6:.3f} ms and runqueue {runq_ns / 1e6:.3f} ms = {truth:.4f} s")  # fmt: skip
     assert near(lock_s, truth), (lock_s, truth)
 
-    for name in ("sleeper", "blocked", "cpu"):
-        pid = pids[name]
+    # Stolen time (/proc/stat counts it in whole ticks, truncated): at most one tick more.
+    steal_us = (steal_after - steal_before + 1) * 1e6 / os.sysconf("SC_CLK_TCK")
+    missed = doc["meta"]["missed_runs"]
+    print(f"steal under {steal_us:.0f} us; probe runs the kernel skipped: {missed}")
+    # Runs skipped (another tool's BPF program was running on that CPU when the event
+    # fired; a shared machine) move time between components: exact only without them.
+    need(missed == 0 or os.environ.get("CI") != "true", f"{missed} probe runs skipped")
+    for name, pid in watched.items():
+        if name == "idler":
+            continue
         cpu_us = total_us(rows, pid, "on CPU")
         runq_us = total_us(rows, pid, "runqueue")
         cpu_truth = (after[name][0] - before[name][0]) / 1e3
         runq_truth = (after[name][1] - before[name][1]) / 1e3
-        print(f"{name}: on CPU {cpu_us:.0f} us (schedstat {cpu_truth:.0f}), "
-              f"runqueue {runq_us:.0f} us (schedstat {runq_truth:.0f})")  # fmt: skip
-        # KNOWN GAP: the CPU-bound backend, preempted many times under the burners,
-        # has been measured 0.1-3 % off schedstat (on CPU high, runqueue low, their sum
-        # closer): not yet explained (IRQ time is outside sum_exec_runtime?), so 5 % there.
-        pct = 5.0 if name == "cpu" else 2.0
-        assert near(cpu_us, cpu_truth, pct, floor=50), (name, cpu_us, cpu_truth)
-        assert near(runq_us, runq_truth, pct, floor=50), (name, runq_us, runq_truth)
+        runs = after[name][2] - before[name][2]
+        print(f"{name}: on CPU {cpu_us:.0f} us (schedstat {cpu_truth:.0f}), runqueue "
+              f"{runq_us:.0f} us (schedstat {runq_truth:.0f}), {runs} runs")  # fmt: skip
+        if missed:
+            continue
+        # Physical residual per run: the scheduler stamps a switch with its rq clock,
+        # read when __schedule begins; the tracepoint fires after the next task is
+        # picked, and that gap differs between the switch-in and the switch-out that
+        # bound a run: measured per run (bpftrace, the task's own sum_exec_runtime at
+        # each switch-out, 179 runs) median 0.45 us, at most 21 us (on this VM a VM exit
+        # inside __schedule costs us); one outlier was steal, below.
+        floor = PER_RUN_US * runs
+        assert near(runq_us, runq_truth, 2.0, floor), (name, runq_us, runq_truth)
+        # CPU: schedstat's leaves out the time the hypervisor ran another guest while
+        # the task was on CPU (steal, CONFIG_PARAVIRT_TIME_ACCOUNTING); the tracepoints'
+        # clock counts it (one run measured 7.45 ms here, 3.10 ms in schedstat). So the
+        # probe may exceed schedstat by the machine's steal in the window, never fall short.
+        assert cpu_us >= cpu_truth - max(cpu_truth * 0.02, floor), (name, cpu_us, cpu_truth)
+        assert cpu_us <= cpu_truth + max(cpu_truth * 0.02, floor + steal_us), (
+            name, cpu_us, cpu_truth, steal_us)  # fmt: skip
+
+    # A backend idle through the whole window never switches: named from
+    # pg_stat_activity, read while its run count provably did not move.
+    idler = pids["idler"]
+    assert after["idler"] == before["idler"]
+    assert idler in doc["meta"]["asleep_all_along_pids"]
+    idle_rows = [r for r in rows if r["pid"] == idler and r["total_us"] > 0]
+    assert [(r["category"], r["wait_event"]) for r in idle_rows] == [("idle", "ClientRead")]
+    assert idle_rows[0]["total_us"] == idle_rows[0]["wall_us"]
 
     leaver = pids["leaver"]
     assert leaver in doc["meta"]["exited_pids"]

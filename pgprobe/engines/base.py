@@ -156,6 +156,9 @@ class RunInfo:
     duration_seconds: float = 0.0  # from probes attached to the end of capture
     lost_events: int = 0  # events the tracer dropped (output buffers full)
     failed_map_updates: int = 0  # aggregation updates refused (map full)
+    # BPF program runs the kernel skipped because another BPF program was running on
+    # that CPU (an interrupt inside it): fdinfo's recursion_misses, read at the stop.
+    missed_runs: int = 0
     interrupted: bool = False  # ended by Ctrl-C / SIGTERM rather than the duration
     warnings: list[str] = field(default_factory=list)
     # The probes stopped counting (the first output of the tracer's END, after SIGINT):

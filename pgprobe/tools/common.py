@@ -301,5 +301,11 @@ def print_losses(info: RunInfo) -> None:
             "(counts are low)",
             file=sys.stderr,
         )
+    if info.missed_runs:
+        print(
+            f"pgprobe: warning: the kernel skipped {info.missed_runs} runs of the probes "
+            "(another BPF program was running on that CPU): those events are lost",
+            file=sys.stderr,
+        )
     for warning in info.warnings:
         print(f"pgprobe: warning: {warning}", file=sys.stderr)

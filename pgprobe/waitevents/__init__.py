@@ -60,6 +60,14 @@ def name(major: int, wait_event_info: int) -> tuple[str, str]:
     return wait_type, f"event#{event_id}"
 
 
+def number(major: int, wait_type: str, wait_event: str) -> int | None:
+    """The wait_event_info pg_stat_activity names (wait_type, wait_event), if the table has it."""
+    for value, names in table(major)["events"].items():
+        if (names[0], names[1]) == (wait_type, wait_event):
+            return int(value)
+    return None
+
+
 def is_idle(wait_type: str, wait_event: str) -> bool:
     """Waiting for work rather than for a resource: a client's next command, a main loop."""
     return (wait_type, wait_event) == ("Client", "ClientRead") or wait_type == "Activity"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pgprobe import proc
+from pgprobe import discover, proc, waitevents
 from pgprobe.discover import Targets
 from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
@@ -47,13 +47,39 @@ def run(ns: argparse.Namespace) -> int:
     targets = common.prepare(ns, probe.check_server)
     cluster = targets.cluster
     where = address.find(cluster.postmaster_pid, cluster.binary)
+    runs_before = run_counts(targets.pids)
     capture = common.capture(
         ns, probe.SCRIPT, probe.script_args(targets, where, ns.interval), probe.MAPS, env=probe.ENV
     )
     for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
-        common.refresh_if_needed(targets, snapshot.final)
-        emit(ns, snapshot, info, targets, by_pid, where)
+        slept_in = asleep_all_along(targets, runs_before)
+        emit(ns, snapshot, info, targets, by_pid, where, slept_in)
     return 0
+
+
+def run_counts(pids: list[int]) -> dict[int, int]:
+    counts = {pid: proc.run_count(pid) for pid in pids}
+    return {pid: n for pid, n in counts.items() if n is not None}
+
+
+def asleep_all_along(targets: Targets, runs_before: dict[int, int]) -> dict[int, int]:
+    """pid -> wait_event_info, for the targets that slept through the whole capture.
+
+    Read after a fresh pg_stat_activity: a process whose run count did not move
+    from before the capture until after that read slept all the while in the
+    event pg_stat_activity shows (the same uint32 the probe reads at a switch-out).
+    """
+    discover.refresh_backends(targets.cluster)
+    out = {}
+    for pid, runs in run_counts(targets.pids).items():
+        backend = targets.cluster.backend(pid)
+        if runs_before.get(pid) != runs or backend is None or not backend.wait_event_type:
+            continue
+        major = targets.cluster.major
+        wei = waitevents.number(major, backend.wait_event_type, backend.wait_event)
+        if wei is not None:
+            out[pid] = wei
+    return out
 
 
 def ours(targets: Targets) -> Any:
@@ -88,9 +114,10 @@ def emit(
     targets: Targets,
     by_pid: bool,
     where: address.WaitEventAddress,
+    slept_in: dict[int, int],
 ) -> None:
     is_ours = ours(targets)
-    procs = records.records(snapshot, targets.pids, is_ours)
+    procs = records.records(snapshot, targets.pids, is_ours, slept_in)
     if not targets.whole_cluster:
         procs = [p for p in procs if p.pid in targets.pids]
     result = records.rows(procs, targets.cluster.major, by_pid, describe(targets))
@@ -106,6 +133,8 @@ def emit(
         exited_pids=[p.pid for p in procs if p.exited],
         born_pids=[p.pid for p in procs if p.born],
         wait_event_address=hex(where.address),
+        asleep_all_along_pids=sorted(slept_in),
+        missed_runs=info.missed_runs,
     )
     if ns.json:
         common.print_json(NAME, meta, [r.as_json() for r in result])

@@ -64,13 +64,19 @@ def window(snapshot: Snapshot) -> tuple[int, int]:
 
 
 def records(
-    snapshot: Snapshot, targets: Iterable[int], is_ours: Callable[[int], bool]
+    snapshot: Snapshot,
+    targets: Iterable[int],
+    is_ours: Callable[[int], bool],
+    slept_in: dict[int, int] | None = None,
 ) -> list[ProcessTime]:
     """Per process: the maps, plus the intervals open at the end, plus idle targets.
 
     is_ours(pid) decides for tasks the script had not yet decided (first seen
     asleep or runnable, never switched out in the window); `targets` are pids
-    that belong in the model even with no event (asleep all along).
+    that belong in the model even with no event (asleep all along). slept_in:
+    pid -> the wait_event_info it slept in for the whole window, where known
+    (it never ran between a pg_stat_activity read and the end); otherwise such
+    a pid's window is charged to "asleep since before the capture".
     """
     start, end = window(snapshot)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
@@ -102,7 +108,8 @@ def records(
         _add_open(proc, tid, value, start, end, is_ours)
     for pid in targets:
         if pid not in procs and is_ours(pid):
-            proc(pid).wait_ns[waitevents.BEFORE_CAPTURE] = proc(pid).wall_ns
+            wei = (slept_in or {}).get(pid, waitevents.BEFORE_CAPTURE)
+            proc(pid).wait_ns[wei] = proc(pid).wall_ns
     return sorted(procs.values(), key=lambda p: p.pid)
 
 
