@@ -284,12 +284,16 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
               f"{runq_us:.0f} us (schedstat {runq_truth:.0f}), {runs} runs")  # fmt: skip
         if missed:
             continue
-        # Physical residual per run: the scheduler stamps a switch with its rq clock,
-        # read when __schedule begins; the tracepoint fires after the next task is
-        # picked, and that gap differs between the switch-in and the switch-out that
-        # bound a run: measured per run (bpftrace, the task's own sum_exec_runtime at
-        # each switch-out, 179 runs) median 0.45 us, at most 21 us (on this VM a VM exit
-        # inside __schedule costs us); one outlier was steal, below.
+        # Physical residual per run: schedstat stamps a switch with the rq clock, the
+        # tracepoint with its own clock read later. Usually that clock is read when
+        # __schedule begins (a few us earlier), but a wakeup that preempts the running
+        # task skips the update (rq_clock_skip_update in wakeup_preempt): the switch
+        # is then stamped with the wakeup's time, a resched IPI earlier (tens of us on a
+        # VM), so schedstat ends the preempted run early and starts its runqueue wait
+        # early: its CPU low, its runqueue high, by an amount that grows with the runs.
+        # Measured per run (bpftrace, the task's own sum_exec_runtime at each switch-out,
+        # 179 runs): median 0.45 us, at most 21 us; one outlier was steal (below). Under
+        # heavy load a CPU-bound backend (837 runs) moved 16 us per run on average.
         floor = PER_RUN_US * runs
         assert near(runq_us, runq_truth, 2.0, floor), (name, runq_us, runq_truth)
         # CPU: schedstat's leaves out the time the hypervisor ran another guest while
