@@ -145,7 +145,7 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
     pytest.fail(f"bpftrace did not attach: {probe.communicate(timeout=60)[1]}")
 
 
-PER_RUN_US = 25.0
+PER_RUN_US = 50.0
 
 
 def steal_ticks() -> int:
@@ -293,7 +293,10 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
         # early: its CPU low, its runqueue high, by an amount that grows with the runs.
         # Measured per run (bpftrace, the task's own sum_exec_runtime at each switch-out,
         # 179 runs): median 0.45 us, at most 21 us; one outlier was steal (below). Under
-        # heavy load a CPU-bound backend (837 runs) moved 16 us per run on average.
+        # a load average of 15, 16-18 us per run on average (837 and 1,499 runs) and
+        # 28.6 us for a backend with 5 runs. It is the latency of a resched IPI to a
+        # vCPU, unbounded if the host deschedules that vCPU: 50 us per run, and the
+        # sum below, which it cannot move, is checked without it.
         floor = PER_RUN_US * runs
         assert near(runq_us, runq_truth, 2.0, floor), (name, runq_us, runq_truth)
         # That gap moves time between the two and nothing else: their sum is free of it
