@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from pgprobe import discover, proc, waitevents
@@ -135,6 +136,7 @@ def emit(
         wait_event_address=hex(where.address),
         asleep_all_along_pids=sorted(slept_in),
         missed_runs=info.missed_runs,
+        unseen_events=records.unseen(snapshot),
     )
     if ns.json:
         common.print_json(NAME, meta, [r.as_json() for r in result])
@@ -144,3 +146,11 @@ def emit(
     )
     view.show(title, result, by_pid, meta)
     common.print_losses(info)
+    lost = meta["unseen_events"]
+    if any(lost.values()):
+        print(
+            f"pgprobe: warning: events lost: {lost['switch_in']} switch-ins (those intervals "
+            f"are missing) and {lost['wakeup']} wakeups (that runqueue time is charged to the "
+            "wait event)",
+            file=sys.stderr,
+        )

@@ -21,6 +21,7 @@ MAPS = (
     MapSpec("wait_hist", PAIR),
     MapSpec("born_ns", INT),
     MapSpec("exit_ns", INT),
+    MapSpec("unseen", INT),  # kind -> events the script knows it missed
     MapSpec("task", INT),  # tid -> (since, state, a, b)
 )
 # @task holds an entry per task of the machine seen switching (most are "not ours").

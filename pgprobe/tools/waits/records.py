@@ -63,6 +63,12 @@ def window(snapshot: Snapshot) -> tuple[int, int]:
     return _scalar(snapshot, "window_ns"), _scalar(snapshot, "now_ns")
 
 
+def unseen(snapshot: Snapshot) -> dict[str, int]:
+    """Events the script knows it never saw: switch-ins and wakeups (lost events)."""
+    counts = _ints(snapshot, "unseen")
+    return {"switch_in": counts.get(1, 0), "wakeup": counts.get(2, 0)}
+
+
 def records(
     snapshot: Snapshot,
     targets: Iterable[int],
