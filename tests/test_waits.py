@@ -272,9 +272,11 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
     print(f"steal under {steal_us:.0f} us; probe runs the kernel skipped: "
           f"{doc['meta']['missed_runs']}; events the script saw missing: {unseen}")  # fmt: skip
     # Runs skipped (another tool's BPF program was running on that CPU when the event
-    # fired; a shared machine) and events the script saw missing lose or move time
-    # (both reported by the tool): exact only without them.
-    need(missed == 0 or os.environ.get("CI") != "true", f"{missed} probe runs skipped")
+    # fired; a shared machine) and events the script saw missing lose time (a lost
+    # switch-in: that interval) or move it (a lost wakeup: runqueue to the wait), and
+    # the tool reports both: exact only without them, never more than the truth with
+    # them. KNOWN GAP: a switch-in has been lost with no skipped run counted (3 of ~30
+    # runs under a load average of 15; cause not found): the script counts it.
     for name, pid in watched.items():
         if name == "idler":
             continue
@@ -285,7 +287,9 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
         runs = after[name][2] - before[name][2]
         print(f"{name}: on CPU {cpu_us:.0f} us (schedstat {cpu_truth:.0f}), runqueue "
               f"{runq_us:.0f} us (schedstat {runq_truth:.0f}), {runs} runs")  # fmt: skip
+        busy, busy_truth = cpu_us + runq_us, cpu_truth + runq_truth
         if missed:
+            assert busy <= busy_truth + max(busy_truth * 0.02, 50 + steal_us), (name, busy)
             continue
         # Physical residual per run: schedstat stamps a switch with the rq clock, the
         # tracepoint with its own clock read later. Usually that clock is read when
@@ -304,7 +308,6 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
         assert near(runq_us, runq_truth, 2.0, floor), (name, runq_us, runq_truth)
         # That gap moves time between the two and nothing else: their sum is free of it
         # (measured: 455,373 vs 455,376 us for a CPU-bound backend preempted 1,499 times).
-        busy, busy_truth = cpu_us + runq_us, cpu_truth + runq_truth
         assert busy >= busy_truth - max(busy_truth * 0.02, 50), (name, busy, busy_truth)
         assert busy <= busy_truth + max(busy_truth * 0.02, 50 + steal_us), (name, busy, busy_truth)
         # CPU: schedstat's leaves out the time the hypervisor ran another guest while
