@@ -17,17 +17,73 @@ frames root first joined by ";", a space, and a sample count::
 
     main;PostgresMain;exec_simple_query;ExecutorRun 41
 
+Frame names carry offsets in several dialects: ``ExecScan+0x1a`` (perf),
+``ExecScan+26`` (bpftrace), ``vfs_read+0x5/0x1a0`` (kernel), ``postgres`ExecScan+0x1a``
+(DTrace). strip_offset() turns them into the function name, keeping a ``_[k]``-style
+annotation, so that one function is one frame. An offset is *kept* when there is no symbol
+to merge on: ``[unknown]+0x..``, ``0x7f..+0x..``, a library (``libfoo.so+0x1a2``,
+``/usr/lib/x.so+0x10``) or the server executable itself (``postgres+0x4a2f10``, the form in
+which a stripped binary's static functions appear): those frames stay distinct per address,
+since two addresses in a stripped binary are usually two different functions and merging
+them would invent one huge fake function. ``exe_names`` (default EXE_NAMES: ``postgres``,
+``postmaster``) says which bare names are executables. These helpers live here, with the
+stack code, so that findings and renderers both use them without importing each other.
+
 API: parse_bpftrace_stack(text) -> tuple[int, ...]; split_bpftrace_key(text,
 kinds) -> list[str]; fold(frames) -> str; unfold(stack) -> list[str];
 parse_folded(lines) -> dict[str, int]; read_folded(path) -> dict[str, int];
-format_folded(stacks) -> list[str]; write_folded(path_or_stream, stacks).
+format_folded(stacks) -> list[str]; write_folded(path_or_stream, stacks);
+strip_offset(frame, exe_names=EXE_NAMES) -> str; function_name(frame) -> str;
+is_address_base(func, exe_names) -> bool; OFFSET_RE.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TextIO
+
+EXE_NAMES: frozenset[str] = frozenset({"postgres", "postmaster"})
+
+# name, "+", hex or decimal offset, optional "/size" (kernel style), optional "_[k]" annotation
+OFFSET_RE = re.compile(
+    r"^(?P<base>.*?)\+(?:0[xX][0-9a-fA-F]+|[0-9]+)(?:/0[xX][0-9a-fA-F]+)?(?P<ann>_\[[a-z]+\])?$"
+)
+
+
+def is_address_base(func: str, exe_names: Iterable[str]) -> bool:
+    """True if ``func`` (what precedes ``+offset``) names no function: keep its offset."""
+    return (
+        not func
+        or func[0] == "["
+        or func.startswith(("0x", "0X"))
+        or "/" in func
+        or ".so" in func
+        or func in exe_names
+    )
+
+
+def strip_offset(frame: str, exe_names: Iterable[str] = EXE_NAMES) -> str:
+    """``ExecScan+0x1a`` -> ``ExecScan``; unresolved ``postgres+0x4a2f10`` is kept as it is.
+
+    See the module docstring for the forms handled and why addresses stay distinct.
+    """
+    m = OFFSET_RE.match(frame)
+    if m is None:
+        return frame
+    base = m.group("base")
+    if is_address_base(base.rpartition("`")[2], exe_names):
+        return frame
+    return base + (m.group("ann") or "")
+
+
+def function_name(frame: str) -> str:
+    """The function of a frame without module or offset.
+
+    ``libc.so.6`__send`` -> ``__send``; ``ExecScan+0x1a`` -> ``ExecScan``.
+    """
+    return strip_offset(frame.rsplit("`", 1)[-1])
 
 
 def parse_bpftrace_stack(text: str) -> tuple[int, ...]:

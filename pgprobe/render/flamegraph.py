@@ -96,6 +96,9 @@ from pathlib import Path
 from typing import TypeAlias
 
 from pgprobe import __version__
+from pgprobe.stacks import EXE_NAMES, strip_offset
+from pgprobe.stacks import OFFSET_RE as _OFFSET_RE
+from pgprobe.stacks import is_address_base as _is_address_base
 
 __all__ = [
     "EXE_NAMES",
@@ -119,8 +122,6 @@ StacksInput: TypeAlias = (
     | Iterable[tuple[str, int]]
 )
 
-EXE_NAMES: frozenset[str] = frozenset({"postgres", "postmaster"})
-
 #: Built-in module names (what ``classify_frame`` returns) and their legend labels, in
 #: legend order.
 MODULE_LABELS: dict[str, str] = {
@@ -134,10 +135,6 @@ MODULE_LABELS: dict[str, str] = {
 # ---------------------------------------------------------------------------------------------
 # Offsets and modules
 
-# name, "+", hex or decimal offset, optional "/size" (kernel style), optional "_[k]" annotation
-_OFFSET_RE = re.compile(
-    r"^(?P<base>.*?)\+(?:0[xX][0-9a-fA-F]+|[0-9]+)(?:/0[xX][0-9a-fA-F]+)?(?P<ann>_\[[a-z]+\])?$"
-)
 _ANNOT_RE = re.compile(r"_\[([a-z]+)\]$")
 _LIBC_PREFIXES = (
     "libc.",
@@ -154,32 +151,6 @@ _LIBC_PREFIXES = (
     "libcrypt.",
 )
 _KERNEL_MODULES = frozenset({"vmlinux", "kernel", "genunix", "unix", "[kernel.kallsyms]"})
-
-
-def _is_address_base(func: str, exe_names: Iterable[str]) -> bool:
-    """True if ``func`` (what precedes ``+offset``) names no function: keep its offset."""
-    return (
-        not func
-        or func[0] == "["
-        or func.startswith(("0x", "0X"))
-        or "/" in func
-        or ".so" in func
-        or func in exe_names
-    )
-
-
-def strip_offset(frame: str, exe_names: Iterable[str] = EXE_NAMES) -> str:
-    """``ExecScan+0x1a`` -> ``ExecScan``; unresolved ``postgres+0x4a2f10`` is kept as it is.
-
-    See the module docstring for the forms handled and why addresses stay distinct.
-    """
-    m = _OFFSET_RE.match(frame)
-    if m is None:
-        return frame
-    base = m.group("base")
-    if _is_address_base(base.rpartition("`")[2], exe_names):
-        return frame
-    return base + (m.group("ann") or "")
 
 
 def _module_kind(module: str) -> str:
