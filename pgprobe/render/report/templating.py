@@ -1,0 +1,58 @@
+"""The report's Jinja2 environment: templates and stylesheets shipped as package data.
+
+Escaping: autoescaping is on, and every ``{{ value }}`` goes through ``esc`` (the
+environment's ``finalize``): HTML-escaped, quotes too, and ``://`` written as ``&#58;//`` so
+that the file holds no literal URL anywhere (the browser shows the text unchanged). Only
+``Markup`` passes as it is: what a template or macro rendered (already escaped), pgprobe's
+own stylesheets and the flame graph SVG pgprobe drew. Query texts, application names,
+frame names and warnings are plain strings, so they are always escaped.
+
+Templates live in ``templates/`` (the page, one file per section, ``macros.html`` for
+tables and notes, ``timeline.svg``); stylesheets in ``assets/``. Both are read through
+importlib.resources, so an installed wheel finds them as a checkout does.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+from importlib import resources
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+__all__ = ["Markup", "asset", "esc", "render"]
+
+
+def esc(value: Any) -> str:
+    """HTML-escape any value (quotes too), with '://' as '&#58;//': no literal URL survives."""
+    return html.escape(str(value), quote=True).replace("://", "&#58;//")
+
+
+def _finalize(value: Any) -> Markup:
+    return value if isinstance(value, Markup) else Markup(esc(value))
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("pgprobe.render.report", "templates"),
+        autoescape=True,
+        finalize=_finalize,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def asset(name: str) -> Markup:
+    """A stylesheet of assets/, read now (pgprobe's own file: trusted, not escaped)."""
+    path = resources.files("pgprobe.render.report").joinpath("assets").joinpath(name)
+    return Markup(path.read_text(encoding="utf-8").rstrip())
+
+
+def render(template: str, **context: Any) -> str:
+    """Render templates/<template> with `context`."""
+    return _environment().get_template(template).render(**context)
