@@ -15,10 +15,13 @@ Layers, lowest first (a module may import its own layer and the layers below it)
               discovery of targets, the SQL cross-checks (pgstats)
     findings  the rules over a triage document
     render    tables, flame graphs, the HTML report, tools/<tool>/view.py
-    cli       the command line: cli.py, tools/<tool>/command.py and the tool packages that
-              re-export them, test and benchmark helpers (sandbox)
+    cli       the command line: cli.py, tools/<tool>/command.py, test and benchmark helpers
+              (sandbox)
 
-and, besides the order, renderers and findings know nothing of probes or engines.
+and, besides the order, renderers and findings know nothing of probes or engines. A
+package's ``__init__`` may re-export its own modules whatever their layer (a tool package
+re-exports its command for cli.py and its records for other tools; it is in the "tools"
+layer, and its code lives in the modules, which are checked).
 
 Old single-file tools (tools/lwlocks.py, ...) still hold their views and commands: they are
 classified as "tools", and their imports of render/findings are listed in KNOWN_EXCEPTIONS
@@ -46,13 +49,19 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.stacks", "base"),
     ("pgprobe.symbolize", "base"),
     ("pgprobe.symbolize.*", "base"),
+    ("pgprobe.pgversions", "base"),
     ("pgprobe.scripts", "probes"),
     ("pgprobe.usdt", "probes"),
+    ("pgprobe.waitevents", "probes"),
+    ("pgprobe.waitevents.*", "probes"),
     ("pgprobe.engines", "engines"),
     ("pgprobe.engines.*", "engines"),
+    ("pgprobe.unwind", "engines"),
+    ("pgprobe.unwind.*", "engines"),
     ("pgprobe.discover", "tools"),
     ("pgprobe.pgstats", "tools"),
     ("pgprobe.histogram", "tools"),
+    ("pgprobe.pgbuilds", "tools"),
     ("pgprobe.tools", "tools"),
     ("pgprobe.tools.*.view", "render"),
     ("pgprobe.tools.*.command", "cli"),
@@ -60,8 +69,7 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.tools.*.records", "tools"),
     ("pgprobe.tools.common", "tools"),
     ("pgprobe.tools.profiling", "tools"),
-    ("TOOL_PACKAGE", "cli"),  # tools/<tool>/__init__.py: re-exports what cli.py needs
-    ("pgprobe.tools.*", "tools"),  # old single-file tools (see KNOWN_EXCEPTIONS)
+    ("pgprobe.tools.*", "tools"),  # tool packages, and old single-file tools (see below)
     ("pgprobe.findings", "findings"),
     ("pgprobe.findings.*", "findings"),
     ("pgprobe.render", "render"),
@@ -137,22 +145,8 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def layer_of(module: str, tool_packages: set[str]) -> str | None:
-    for pattern, layer in MODULE_LAYERS:
-        if pattern == "TOOL_PACKAGE":
-            if module in tool_packages:
-                return layer
-        elif fnmatchcase(module, pattern):
-            return layer
-    return None
-
-
-def _tool_packages() -> set[str]:
-    return {
-        name
-        for name, path in modules().items()
-        if path.name == "__init__.py" and path.parent.parent.name == "tools"
-    }
+def layer_of(module: str) -> str | None:
+    return next((layer for pattern, layer in MODULE_LAYERS if fnmatchcase(module, pattern)), None)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -191,12 +185,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
-    tools = _tool_packages()
+    packages = {name for name, path in modules().items() if path.name == "__init__.py"}
     out = set()
     for src, targets in graph.items():
-        src_layer = layer_of(src, tools)
+        src_layer = layer_of(src)
         for dst in targets:
-            dst_layer = layer_of(dst, tools)
+            if src in packages and dst.startswith(src + "."):
+                continue  # a package re-exporting its own modules
+            dst_layer = layer_of(dst)
             assert src_layer and dst_layer, (src, dst)
             upward = LAYERS.index(dst_layer) > LAYERS.index(src_layer)
             if upward or (src_layer, dst_layer) in NEVER:
@@ -205,8 +201,7 @@ def violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 
 def test_every_module_has_a_layer() -> None:
-    tools = _tool_packages()
-    missing = [m for m in modules() if layer_of(m, tools) is None]
+    missing = [m for m in modules() if layer_of(m) is None]
     assert not missing, f"add these modules to MODULE_LAYERS in {__file__}: {missing}"
 
 
