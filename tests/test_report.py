@@ -19,6 +19,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from html.parser import HTMLParser
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +253,30 @@ def test_strings_from_the_database_are_escaped() -> None:
     assert EVIL_QUERY in sql  # shown exactly as the server has it
     assert 'db"><script>alert(3)</script>' in page.text("capture")
     assert "<img src=x onerror=alert(2)>" in page.text("cpu")
+
+
+def test_application_names_and_file_names_are_escaped() -> None:
+    doc = load("slru")
+    row = doc["clog_reads"]["rows"][0]
+    row["application_name"] = "<b onmouseover=alert(4)>app</b> & 'x'"
+    row["backend_type"] = '"><svg onload=alert(5)>'
+    doc["lwlocks"]["rows"][0]["tranche"] = "<i>Tranche</i>"
+    text = render_html(doc, None)
+    page = Page(text)
+    assert page.errors == []
+    assert "<b onmouseover" not in text and "<svg onload" not in text and "<i>Tranche" not in text
+    slru = page.text("slru")
+    assert "<b onmouseover=alert(4)>app</b> & 'x'" in slru  # shown as the server has it
+    assert '"><svg onload=alert(5)>' in slru
+    assert "<i>Tranche</i>" in page.text("lwlocks")
+
+
+def test_the_stylesheet_comes_from_its_file() -> None:
+    """The report's CSS is package data (render/report/assets/report.css), inlined."""
+    css = (resources.files("pgprobe.render.report") / "assets" / "report.css").read_text()
+    text = render_html(load("idle"), None)
+    rules = [line for line in css.splitlines() if line.startswith(".finding")]
+    assert rules and all(rule in text for rule in rules)
 
 
 def test_nothing_refers_to_the_network() -> None:
