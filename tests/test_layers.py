@@ -65,6 +65,10 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.tools", "tools"),
     ("pgprobe.tools.*.view", "render"),
     ("pgprobe.tools.*.command", "cli"),
+    ("pgprobe.tools.pprof_export", "render"),  # tool results as pprof files, for several tools
+    ("pgprobe.tools.serve.metrics", "render"),  # serve's "view": Prometheus metric families
+    ("pgprobe.tools.serve.agent", "cli"),  # serve's run: supervision of a never-ending capture
+    ("pgprobe.tools.serve.http", "cli"),  # serve's endpoints
     ("pgprobe.tools.*.probe", "tools"),
     ("pgprobe.tools.*.records", "tools"),
     ("pgprobe.tools.common", "tools"),
@@ -95,8 +99,11 @@ KNOWN_EXCEPTIONS = {
     ("pgprobe.tools.doctor", "pgprobe.render.table"),
     ("pgprobe.tools.hot", "pgprobe.render.table"),
     ("pgprobe.tools.lwlocks", "pgprobe.render.table"),
-    # issue 12: flame's command writes SVG/speedscope output until it has a view/command split
+    # issue 12: flame's command writes SVG/speedscope/pprof output until it has a
+    # view/command split; clog-reads writes pprof the same way (--pprof)
     ("pgprobe.tools.flame", "pgprobe.render.flamegraph"),
+    ("pgprobe.tools.flame", "pgprobe.tools.pprof_export"),
+    ("pgprobe.tools.clog_reads", "pgprobe.tools.pprof_export"),
     # issue 12: triage's command evaluates the findings and writes the report (its
     # command.py, in the cli layer, may)
     ("pgprobe.tools.triage", "pgprobe.findings"),
