@@ -56,11 +56,11 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.waitevents.*", "probes"),
     ("pgprobe.engines", "engines"),
     ("pgprobe.engines.*", "engines"),
+    ("pgprobe.histogram", "engines"),  # percentiles of the engines' Log2Hist
     ("pgprobe.unwind", "engines"),
     ("pgprobe.unwind.*", "engines"),
     ("pgprobe.discover", "tools"),
     ("pgprobe.pgstats", "tools"),
-    ("pgprobe.histogram", "tools"),
     ("pgprobe.pgbuilds", "tools"),
     ("pgprobe.tools", "tools"),
     ("pgprobe.tools.*.view", "render"),
