@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+import zipfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import pytest
+from helpers import CHECKOUT
 
 from pgprobe.render.flamegraph import (
     MODULE_LABELS,
@@ -213,6 +218,35 @@ def test_self_contained() -> None:
     for token in ("href", "src=", "@import", "url(", "fetch(", "XMLHttpRequest"):
         assert token not in svg
     assert "<script>" in svg and "<style>" in svg
+
+
+def test_page_code_is_package_data_inlined_verbatim() -> None:
+    """flamegraph.css and flamegraph.js are read through importlib.resources (as from an
+    installed wheel) and land in the SVG as they are, the script whole in its CDATA section."""
+    package = resources.files("pgprobe.render.flamegraph")
+    css = package.joinpath("flamegraph.css").read_text(encoding="utf-8")
+    js = package.joinpath("flamegraph.js").read_text(encoding="utf-8")
+    assert "function zoomTo(" in js and "#frames text" in css
+    assert "]]>" not in js
+    svg = render_svg(HAND)
+    assert f"<style>\n{css}</style>" in svg
+    assert svg.count("<![CDATA[") == 1 and f"\n{js}]]></script>" in svg
+
+
+def test_wheel_carries_the_page_code(tmp_path: Path) -> None:
+    """The wheel (as `pip wheel` builds it) holds the .css/.js beside the modules."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), str(CHECKOUT)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("pgprobe-*.whl")
+    package = resources.files("pgprobe.render.flamegraph")
+    with zipfile.ZipFile(wheel) as zf:
+        for name in ("flamegraph.css", "flamegraph.js"):
+            shipped = zf.read(f"pgprobe/render/flamegraph/{name}")
+            assert shipped == package.joinpath(name).read_bytes()
 
 
 def test_colours_by_module_and_deterministic() -> None:
