@@ -22,6 +22,7 @@ from pgprobe.render.flamegraph import (
     StacksInput,
     classify_frame,
     parse_folded,
+    read_folded,
     render_speedscope,
     render_svg,
     strip_offset,
@@ -368,6 +369,31 @@ def test_parse_folded_variants() -> None:
     }
     # lines, as from a file
     assert parse_folded(text.splitlines(keepends=True)) == got
+
+
+def test_read_folded_counts_the_lines_it_skips() -> None:
+    text = (
+        "Attaching 2 probes...\n"  # bpftrace's banner: not a bad line
+        "# comment\n"
+        "\n"
+        "a;b 3\n"
+        "not a stack\n"  # line 5: the first bad one
+        " 9\n"  # a count without frames
+        "a;c -2\n"  # a negative count
+        "a;zero 0\n"  # a stack that weighs nothing: fine
+        "@count: 12\n"  # a bpftrace map that is not a stack
+        "@[\n"  # line 10: never closed
+        "    f+1\n"
+    )
+    profile = read_folded(text)
+    assert profile.stacks() == parse_folded(text) == {("a", "b"): 3}
+    assert profile.samples == 3
+    assert (profile.skipped.lines, profile.skipped.first_line) == (5, 5)
+    clean = read_folded("a;b 1\n@[\n  g\n]: 2\n")
+    assert (clean.skipped.lines, clean.skipped.first_line) == (0, 0)
+    # the renderer takes the profile itself, as it takes the text
+    assert render_svg(profile) == render_svg(text)
+    assert render_speedscope({"p": profile}) == render_speedscope({"p": text})
 
 
 def test_parse_folded_bpftrace_multiline() -> None:

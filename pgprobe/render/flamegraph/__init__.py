@@ -22,9 +22,15 @@ API
     ``{(root, ..., leaf): count}``, merging identical stacks (dialects: see ``folded``).
     Malformed lines are skipped, or raise ``ValueError`` with ``strict=True``.
 
+``read_folded(text, *, strip_offsets=True) -> FoldedProfile``
+    The same parser, for a caller that reports bad input: ``.skipped.lines`` is how many
+    lines were not stacks, ``.skipped.first_line`` the first of them, ``.stacks()`` the
+    tuples, ``.samples`` the total; ``render_svg`` and ``render_speedscope`` take the profile
+    itself (the fast path: nothing is parsed twice).
+
 ``render_svg(stacks, *, title="Flame Graph", subtitle="", width=1200, minwidth=0.1,
 module_of=None, unit="samples", strip_offsets=True) -> str``
-    ``stacks`` is any of: folded text (``str``), an iterable of folded lines, a
+    ``stacks`` is any of: a ``FoldedProfile``, folded text (``str``), an iterable of folded lines, a
     ``pathlib.Path`` of a folded file, a mapping ``{tuple_of_frames | "a;b;c": count}`` (what
     ``parse_folded`` returns), or an iterable of ``(tuple_of_frames | "a;b;c", count)`` pairs.
     ``subtitle`` is a line of capture facts, or a mapping ``{"duration": "10 s", "Hz": 99}``
@@ -63,7 +69,12 @@ and the search percent counts only drawn frames (as with flamegraph.pl); a ``;``
 frame name given as a tuple is replaced by ``:``.
 """
 
-from pgprobe.render.flamegraph.folded import StacksInput, parse_folded
+from pgprobe.render.flamegraph.folded import (
+    FoldedProfile,
+    StacksInput,
+    parse_folded,
+    read_folded,
+)
 from pgprobe.render.flamegraph.frames import EXE_NAMES, MODULE_LABELS, classify_frame, strip_offset
 from pgprobe.render.flamegraph.layout import XPAD
 from pgprobe.render.flamegraph.speedscope import render_speedscope
@@ -71,11 +82,13 @@ from pgprobe.render.flamegraph.svg import render_svg
 
 __all__ = [
     "EXE_NAMES",
+    "FoldedProfile",
     "MODULE_LABELS",
     "XPAD",
     "StacksInput",
     "classify_frame",
     "parse_folded",
+    "read_folded",
     "render_speedscope",
     "render_svg",
     "strip_offset",

@@ -9,7 +9,9 @@ decimal counts (rounded), perf/stackcollapse annotations (``func_[k]``), bpftrac
 one per line (``@name[a;b;c]: 12``) and bpftrace's multi-line stack maps
 (``@[\\n  leaf+12\\n  caller+40\\n]: 12``, leaf first, also ``ustack(perf)`` lines
 ``7f12ab sym+0x1a (/path)`` and extra keys such as ``@[comm, ustack]``, which become root
-frames). Malformed lines are skipped, or raise ``ValueError`` with ``strict=True``.
+frames). bpftrace's ``Attaching N probes...`` banner is ignored. Malformed lines are
+skipped and counted (``read_folded`` says how many and which was first), or raise
+``ValueError`` with ``strict=True``.
 
 Inside the package a profile is ``{"root;...;leaf;": count}`` (note the trailing separator:
 layout.frame_tree relies on it); ``parse_folded`` turns that into tuples of interned names
@@ -23,14 +25,50 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
 from pgprobe.stacks import strip_offset
 
 Stack = tuple[str, ...]
+
+
+@dataclass
+class Skipped:
+    """Input lines that are not stacks: how many, and the number (from 1) of the first."""
+
+    lines: int = 0
+    first_line: int = 0
+
+    def add(self, lineno: int) -> None:
+        if not self.lines:
+            self.first_line = lineno
+        self.lines += 1
+
+
+@dataclass(frozen=True)
+class FoldedProfile:
+    """Folded text once read (``read_folded``): the stacks in the renderer's own form, and
+    what was skipped. ``render_svg`` and ``render_speedscope`` take it as it is (offsets were
+    stripped, or not, when it was read)."""
+
+    keyed: dict[str, int]  # "root;...;leaf;" -> count, counts > 0
+    skipped: Skipped = field(default_factory=Skipped)
+
+    @property
+    def samples(self) -> int:
+        return sum(self.keyed.values())
+
+    def stacks(self) -> dict[Stack, int]:
+        """``{(root, ..., leaf): count}``, names interned (as ``parse_folded``)."""
+        intern = sys.intern
+        return {tuple(map(intern, k[:-1].split(";"))): n for k, n in self.keyed.items()}
+
+
 StacksInput: TypeAlias = (
-    str
+    FoldedProfile
+    | str
     | Path
     | Mapping[Stack, int]
     | Mapping[str, int]
@@ -44,6 +82,7 @@ _BPF_LINE_RE = re.compile(r"^@\w*\[(.*)\]:\s*([0-9]+(?:\.[0-9]*)?)$")
 _BPF_OPEN_RE = re.compile(r"^@\w*\[(.*)$")
 _BPF_CLOSE_RE = re.compile(r"^\]:\s*([0-9]+(?:\.[0-9]*)?)$")
 _PERF_FRAME_RE = re.compile(r"^(?:0x)?[0-9a-fA-F]+\s+(.+?)(?:\s+\([^()]*\))?$")
+_BANNER_RE = re.compile(r"^Attaching [0-9]+ probes?\.\.\.$")  # bpftrace's first line
 
 _SPECIAL_START = frozenset(["", "#", "@", "]", " ", "\t", "\r", "\n", "\f", "\v"])
 
@@ -55,9 +94,14 @@ def _normalize(stack: str, strip_offsets: bool) -> str:
 
 
 def _parse_lines(
-    lines: Iterable[str], acc: dict[str, int], strip_offsets: bool, strict: bool
+    lines: Iterable[str],
+    acc: dict[str, int],
+    strip_offsets: bool,
+    strict: bool,
+    skipped: Skipped | None = None,
 ) -> None:
-    """Add the stacks of folded ``lines`` to ``acc``, keyed ``"root;...;leaf;"``.
+    """Add the stacks of folded ``lines`` to ``acc``, keyed ``"root;...;leaf;"``; lines that
+    are not stacks raise ``ValueError`` (``strict``) or are counted in ``skipped``.
 
     The common line takes the first branch (one rpartition, one int, one concatenation);
     anything else goes to the tolerant path.
@@ -65,6 +109,7 @@ def _parse_lines(
     get = acc.get
     block: list[str] | None = None  # frames of a bpftrace multi-line stack, leaf first
     block_keys: list[str] = []
+    block_line = 0  # where that stack began
     special = _SPECIAL_START
     for lineno, raw in enumerate(lines, 1):
         if block is None and raw[:1] not in special:
@@ -82,6 +127,8 @@ def _parse_lines(
                         stack = _normalize(stack, True)
                     key = stack + ";"
                     acc[key] = get(key, 0) + n
+                elif skipped is not None and (n < 0 or not stack):
+                    skipped.add(lineno)  # "12" or "a;b -3": no frames, or no count
                 continue
         line = raw.strip()
         if not line:
@@ -98,12 +145,16 @@ def _parse_lines(
                         if strict:
                             msg = f"line {lineno}: not a folded stack: {line!r}"
                             raise ValueError(msg) from None
+                        if skipped is not None and not _BANNER_RE.match(line):
+                            skipped.add(lineno)
                         continue
                     stack, n = m.group(1), round(float(m.group(2)))
                 stack = stack.rstrip()
                 if n > 0 and stack:
                     key = _normalize(stack, strip_offsets) + ";"
                     acc[key] = get(key, 0) + n
+                elif skipped is not None and (n < 0 or not stack):
+                    skipped.add(lineno)
                 continue
             if c0 == "#":
                 continue
@@ -120,9 +171,12 @@ def _parse_lines(
                 if m is not None:
                     block = []
                     block_keys = [k.strip() for k in m.group(1).split(",") if k.strip()]
+                    block_line = lineno
                     continue
             if strict:
                 raise ValueError(f"line {lineno}: not a folded stack: {line!r}")
+            if skipped is not None:
+                skipped.add(lineno)
             continue
         # inside a bpftrace multi-line stack
         m = _BPF_CLOSE_RE.match(line)
@@ -140,8 +194,11 @@ def _parse_lines(
         if n > 0 and frames:
             key = _normalize(";".join(frames), strip_offsets) + ";"
             acc[key] = get(key, 0) + n
-    if block is not None and strict:
-        raise ValueError("unterminated bpftrace stack at end of input")
+    if block is not None:
+        if strict:
+            raise ValueError("unterminated bpftrace stack at end of input")
+        if skipped is not None:
+            skipped.add(block_line)
 
 
 def _join_stack(frames: Stack | str) -> str:
@@ -166,6 +223,8 @@ def _parse_pairs(
 
 def fold(stacks: StacksInput, strip_offsets: bool) -> dict[str, int]:
     """Any accepted input -> ``{"root;...;leaf;": count}`` (note the trailing separator)."""
+    if isinstance(stacks, FoldedProfile):
+        return stacks.keyed
     acc: dict[str, int] = {}
     if isinstance(stacks, str):
         _parse_lines(stacks.splitlines(), acc, strip_offsets, False)
@@ -205,3 +264,11 @@ def parse_folded(
     )
     intern = sys.intern
     return {tuple(map(intern, k[:-1].split(";"))): n for k, n in acc.items()}
+
+
+def read_folded(text: str, *, strip_offsets: bool = True) -> FoldedProfile:
+    """Folded text -> a ``FoldedProfile``: the stacks, and the lines that were not stacks."""
+    acc: dict[str, int] = {}
+    skipped = Skipped()
+    _parse_lines(text.splitlines(), acc, strip_offsets, False, skipped)
+    return FoldedProfile(acc, skipped)
