@@ -78,7 +78,7 @@ def test_random_bytes_are_refused_in_one_line(tmp_path: Path) -> None:
 
     piped = flame_stdin(src.read_bytes(), "--folded")
     assert piped.returncode == EXIT_USAGE
-    assert "binary" in one_line_error(piped.stderr.decode()) and piped.stdout == b""
+    assert "stdin is binary" in one_line_error(piped.stderr.decode()) and piped.stdout == b""
 
 
 def test_undecodable_bytes_without_a_stack_are_a_usage_error(tmp_path: Path) -> None:
@@ -158,6 +158,15 @@ def test_undecodable_bytes_in_a_frame_name_are_kept(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stderr == ""
     assert svg_total(done.stdout) == GOOD_TOTAL + 3
     assert "caf\ufffd_scan (3 samples" in done.stdout
+
+
+def test_byte_order_marks_are_understood(tmp_path: Path) -> None:
+    for encoding in ("utf-8-sig", "utf-16"):  # as some editors and shells on Windows write
+        src = tmp_path / f"{encoding}.folded"
+        src.write_bytes(GOOD.encode(encoding))
+        done = flame_from(src, "--folded")
+        assert done.returncode == 0 and done.stderr == "", (encoding, done.stderr)
+        assert done.stdout.splitlines()[0] == "main;PostgresMain;hash_bytes 55"
 
 
 DIALECTS = {

@@ -20,7 +20,8 @@ from pgprobe.tools.flame.output import write
 
 
 def read_source(source: str) -> str:
-    """The text of --from FILE ('-': stdin), undecodable bytes replaced; binary data refused."""
+    """The text of --from FILE ('-': stdin): UTF-8 (or UTF-16 with a byte order mark),
+    undecodable bytes replaced by U+FFFD; binary data refused."""
     try:
         if source == "-":
             data = sys.stdin.buffer.read()
@@ -29,11 +30,14 @@ def read_source(source: str) -> str:
                 data = f.read()
     except OSError as exc:
         raise PgprobeError(f"cannot read {source}: {exc.strerror or exc}", EXIT_USAGE) from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16 with its byte order mark
+        return data.decode("utf-16", errors="replace")
     if b"\0" in data:
+        where = "stdin" if source == "-" else source
         raise PgprobeError(
-            f"{source} is binary data (it holds NUL bytes), not folded stacks", EXIT_USAGE
+            f"{where} is binary data (it holds NUL bytes), not folded stacks", EXIT_USAGE
         )
-    return data.decode("utf-8", errors="replace")
+    return data.decode("utf-8-sig", errors="replace")  # "-sig": a leading BOM is dropped
 
 
 def read_profile(source: str, raw: str) -> flamegraph.FoldedProfile:
