@@ -23,9 +23,10 @@ writes one of:
 (from pgprobe, perf + stackcollapse, or bpftrace output) without tracing, so
 without root.
 
-Modules: ``records`` (the JSON rows of a capture), ``view`` (a capture as SVG, folded
-stacks or speedscope), ``from_file`` (``--from``: read a folded file, say what was not a
-stack, render it), ``command`` (options and the run). What is asked of the probe lives in
+Modules: ``records`` (the JSON rows of a capture), ``view`` (a capture or a folded file as
+SVG, folded stacks or speedscope), ``output`` (where the output goes: checked before a long
+capture, written at the end), ``command`` (options, the run, and --from: reading the file
+and saying what in it was not a stack). What is asked of the probe lives in
 pgprobe.tools.profiling, shared with ``pgprobe hot``.
 """
 

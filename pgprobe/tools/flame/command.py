@@ -1,16 +1,24 @@
-"""``pgprobe flame``: options, and the run (capture, or --from FILE) to the chosen format."""
+"""``pgprobe flame``: options, and the run (a capture, or --from FILE) to the chosen format.
+
+``--from FILE`` renders a folded file (pgprobe, perf + stackcollapse, inferno, bpftrace
+output) without tracing, so without root. Lines that are not stacks are left out and said in
+one line on stderr (how many, the first one's number) and in the SVG's subtitle; a file with
+no stack at all, or binary data, is a usage error.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.render import flamegraph
 from pgprobe.tools import common, pprof_export, profiling
-from pgprobe.tools.flame.from_file import render_file
 from pgprobe.tools.flame.output import check_output, write
 from pgprobe.tools.flame.records import json_rows
-from pgprobe.tools.flame.view import NAME, render_profile
+from pgprobe.tools.flame.view import NAME, render_folded_file, render_profile
 
 FORMATS = ("svg", "folded", "speedscope", "pprof")
 DEFAULT_MINWIDTH_PX = 0.1
@@ -111,3 +119,58 @@ def run(ns: argparse.Namespace) -> int:
         write(ns, render_profile(ns, fmt, profile))
     profiling.print_warnings(profile)
     return 0
+
+
+def render_file(ns: argparse.Namespace, fmt: str) -> int:
+    """--from FILE: any folded file (or bpftrace's stack maps) to the chosen format."""
+    source = str(ns.source)
+    raw = read_source(source)
+    profile = read_profile(source, raw)
+    if fmt == "pprof":
+        pprof_export.write(ns.output, pprof_export.folded_profile(profile.stacks()))
+        return 0
+    name = "stdin" if source == "-" else os.path.basename(source)
+    write(ns, render_folded_file(ns, fmt, profile, raw, name))
+    return 0
+
+
+def read_source(source: str) -> str:
+    """The text of --from FILE ('-': stdin): UTF-8 (or UTF-16 with a byte order mark),
+    undecodable bytes replaced by U+FFFD; binary data refused."""
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(source, "rb") as f:
+                data = f.read()
+    except OSError as exc:
+        raise PgprobeError(f"cannot read {source}: {exc.strerror or exc}", EXIT_USAGE) from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16 with its byte order mark
+        return data.decode("utf-16", errors="replace")
+    if b"\0" in data:
+        where = "stdin" if source == "-" else source
+        raise PgprobeError(
+            f"{where} is binary data (it holds NUL bytes), not folded stacks", EXIT_USAGE
+        )
+    return data.decode("utf-8-sig", errors="replace")  # "-sig": a leading BOM is dropped
+
+
+def read_profile(source: str, raw: str) -> flamegraph.FoldedProfile:
+    """Parse --from's text; say what was skipped; no stack at all is a usage error."""
+    profile = flamegraph.read_folded(raw)
+    skipped = profile.skipped
+    where = "stdin" if source == "-" else source
+    bad = (
+        f"{'1 line is' if skipped.lines == 1 else f'{skipped.lines:,} lines are'} not "
+        f"`frame;frame;... count` (the first is line {skipped.first_line})"
+    )
+    if not profile.keyed:
+        if skipped.lines:
+            raise PgprobeError(f"no folded stacks in {where}: {bad}", EXIT_USAGE)
+        raise PgprobeError(
+            f"no samples in {where}: it is empty, or holds only comments and zero counts",
+            EXIT_USAGE,
+        )
+    if skipped.lines:
+        print(f"pgprobe: warning: {where}: {bad}; left out", file=sys.stderr)
+    return profile

@@ -1,4 +1,5 @@
-"""How a flame capture is shown: an SVG flame graph, folded stacks or speedscope JSON."""
+"""How a flame capture, or a folded file read with --from, is shown: an SVG flame graph,
+folded stacks or speedscope JSON (pprof: pgprobe.tools.pprof_export)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,44 @@ def module_classifier(backend_frames: set[str]) -> Callable[[str], str]:
         return "backend" if frame in backend_frames else flamegraph.classify_frame(frame)
 
     return module_of
+
+
+def render_folded_file(
+    ns: argparse.Namespace, fmt: str, profile: flamegraph.FoldedProfile, raw: str, name: str
+) -> str:
+    """--from FILE's stacks (``raw`` is the file's text, ``name`` what to call it) as svg,
+    folded or speedscope; the SVG's subtitle says file, samples, lines and lines skipped."""
+    source = str(ns.source)
+    title = ns.title or f"Flame graph of {name}"
+    if fmt == "svg":
+        # The renderer takes the parsed profile itself: faster than tuples of frames (half
+        # the time on 50,000 stacks).
+        lines, total = _plain_folded_counts(raw)
+        if total is None:
+            lines, total = len(profile.keyed), profile.samples
+        subtitle = {"file": source, "samples": f"{total:,}", "lines": f"{lines:,}"}
+        if profile.skipped.lines:
+            subtitle["lines skipped"] = f"{profile.skipped.lines:,}"
+        return flamegraph.render_svg(profile, title=title, subtitle=subtitle, minwidth=ns.minwidth)
+    stacks = profile.stacks()
+    if fmt == "folded":
+        return "".join(f"{';'.join(k)} {n}\n" for k, n in _most_first(stacks))
+    return flamegraph.render_speedscope({title: stacks}, name=title)
+
+
+def _plain_folded_counts(text: str) -> tuple[int, int | None]:
+    """(lines, samples) of a plain `stack COUNT` file; samples None for any other layout."""
+    lines = total = 0
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        head, _, count = line.rpartition(" ")
+        if not head or not count.isdigit():
+            return 0, None  # bpftrace maps, decimals, ...: let the full parser count
+        lines += 1
+        total += int(count)
+    return lines, total
+
+
+def _most_first(stacks: Mapping[tuple[str, ...], int]) -> list[tuple[tuple[str, ...], int]]:
+    return sorted(stacks.items(), key=lambda kv: (-kv[1], kv[0]))
