@@ -10,6 +10,9 @@ entries of its per-(pid, wait_event_info) sleeps, in the same rows. Those are
 sleeps (switch-out to wakeup), not waits: a wait also spins and queues before
 it sleeps and runs again after its wakeup, so the sleep time is a bit lower;
 the mode is unknown. The title and meta.source say which one was measured.
+
+(A little over 400 lines: both sources share the records, rows and table here;
+the split into a tools/lwlocks/ package of issue 12 is a move of its own.)
 """
 
 from __future__ import annotations
@@ -233,12 +236,14 @@ def records(snapshot: Snapshot) -> list[WaitRecord]:
     return out
 
 
-def sleep_records(snapshot: Snapshot, major: int) -> list[WaitRecord]:
+def sleep_records(snapshot: Snapshot, major: int, clipped: bool) -> list[WaitRecord]:
     """The LWLock-class sleeps of a bpf/waits.bt snapshot, as WaitRecords (mode unknown).
 
     waits = complete sleeps (the histogram's count); total = the sleep time
     charged in the window; max = the top bound of the highest histogram
-    bucket (waits.bt keeps no exact max): an upper bound within 2x.
+    bucket (waits.bt keeps no exact max): an upper bound within 2x, and at
+    most the total unless `clipped` (with --interval a sleep that began in an
+    earlier window is longer than the time charged to this one).
     """
     classes = waitevents.table(major)["classes"]
     lwlock_class = next(int(c) for c, name in classes.items() if name == "LWLock")
@@ -252,6 +257,7 @@ def sleep_records(snapshot: Snapshot, major: int) -> list[WaitRecord]:
         hist = hists.get(key, Log2Hist(()))
         assert isinstance(hist, Log2Hist)
         top = max((high for _, high, count in hist.buckets if count), default=0)
+        top = top if clipped else min(top, total)
         tranche = waitevents.name(major, wei)[1]
         out.append(WaitRecord(tid, tranche, "unknown", hist.count, total, top, hist))
     return out
@@ -368,7 +374,7 @@ def run(ns: argparse.Namespace) -> int:
     for snapshot, info in common.snapshots(capture, ns, what):
         common.refresh_if_needed(targets, by_pid and snapshot.final)
         if source == SCHED:
-            recs = sleep_records(snapshot, targets.cluster.major)
+            recs = sleep_records(snapshot, targets.cluster.major, bool(ns.interval))
         else:
             recs = records(snapshot)
         result = rows(recs, targets, by_pid)
