@@ -271,9 +271,8 @@ def test_sched_sleeps_against_usdt_waits_on_the_same_load(load: PgCluster) -> No
     for tranche in compared:
         ratio = sleeps[tranche] / waits[tranche]
         # +10 %: the seconds of the two captures are offset by up to one tick.
-        print(
-            f"{tranche}: sleeps {sleeps[tranche]:.1f} ms, waits {waits[tranche]:.1f} ms over {len(common)} s: {ratio:.3f}"
-        )
+        print(f"{tranche}: sleeps {sleeps[tranche]:.1f} ms, waits {waits[tranche]:.1f} ms, "
+              f"{len(common)} s: {ratio:.3f}")  # fmt: skip
         assert 0.3 <= ratio <= 1.10, (tranche, ratio, sleeps, waits)
 
 
