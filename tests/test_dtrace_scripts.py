@@ -48,10 +48,18 @@ OTHER_PROBES = {
     "syscall::readv:return",
     "syscall::pread*:entry",
     "syscall::pread*:return",
+    "sched:::off-cpu",
+    "sched:::on-cpu",
+    "sched:::wakeup",
+    "proc:::create",
+    "proc:::exit",
 }
 # Maps of the bpf twin that the D script does not print, and why (said in its header).
-NOT_IN_D = {"clog_reads": {"open_errors"}}
+NOT_IN_D = {"clog_reads": {"open_errors"}, "waits": {"task"}}
 PATH_PARAMS = {"BINARY"}
+# A global variable's declaration at top level (D needs one for an associative
+# array read, in a predicate, before any assignment): "uint64_t name[int];".
+DECLARATION = re.compile(r"^\s*(?:\w+\s+)+\**\w+(?:\[[\w ,]*\])?;\s*$")
 
 
 @dataclass
@@ -67,6 +75,7 @@ class Script:
     text: str
     code: str  # comments blanked out, strings kept
     pragmas: list[str] = field(default_factory=list)
+    declarations: list[str] = field(default_factory=list)  # top-level "TYPE name[KEY];"
     clauses: list[Clause] = field(default_factory=list)
 
     def clauses_of(self, probe_prefix: str) -> list[Clause]:
@@ -120,6 +129,8 @@ def parse(path: Path) -> Script:
     for line in code.splitlines():
         if line.startswith("#pragma"):
             script.pragmas.append(line.split(None, 3)[3].strip())  # "#pragma D option X"
+        elif DECLARATION.match(line):
+            script.declarations.append(line.strip())
         elif not line.startswith("#!"):
             lines.append(line)
     rest = "\n".join(lines)
@@ -302,7 +313,7 @@ def test_output_layout(path: Path) -> None:
             assert len(keys) == arity, f"{fmt}: {len(keys)} conversions for {arity} key fields"
             assert [c for at, c in conversions if at] == ["d"], fmt
             if func == "quantize":
-                assert "\\n%@d\\n" in fmt and fmt.index("%@d") > fmt.rindex("%s"), fmt
+                assert "\\n%@d\\n" in fmt and fmt.index("%@d") > fmt.rfind("%s"), fmt
             elif "k" in keys:
                 assert keys[0] == "d" and set(keys[1:]) == {"k"} and "%@d%k" in fmt, fmt
                 assert fmt.count("%k") == 1 or "\\n--%k" in fmt, "stacks separated by --"

@@ -43,8 +43,6 @@ def run(ns: argparse.Namespace) -> int:
             f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
             EXIT_USAGE,
         )
-    if getattr(ns, "engine", "auto") == "dtrace":
-        raise PgprobeError("waits has no DTrace script yet (d/waits.d): use bpftrace", EXIT_USAGE)
     targets = common.prepare(ns, probe.check_server)
     cluster = targets.cluster
     where = address.find(cluster.postmaster_pid, cluster.binary)

@@ -1,0 +1,330 @@
+#!/usr/sbin/dtrace -qs
+/*
+ * waits.d - where each PostgreSQL process's time goes, exactly: on CPU,
+ *           waiting for a CPU, and off CPU in each wait event (14+)
+ *           (DTrace; the twin of bpf/waits.bt).
+ *
+ * The scheduler says when a thread leaves a CPU (sched:::off-cpu), gets one
+ * (sched:::on-cpu) and is made runnable again (sched:::wakeup). At every
+ * off-cpu of a PostgreSQL process that goes to sleep this script reads, from
+ * the process's own memory, the wait event it published: *my_wait_event_info
+ * (copyin of the pointer, then of the uint32 it points at), the value
+ * pg_stat_activity shows as wait_event_type/wait_event. Each sleep is charged
+ * to that value. No pid provider, no USDT: any 14+ build, stripped or not.
+ *
+ * USAGE: dtrace -qs waits.d POSTMASTER_PID ADDR [INTERVAL_S] [ONLY_PID]
+ *   The positional parameters of bpf/waits.bt (pgprobe passes the same list
+ *   to both engines), as D macro arguments:
+ *   POSTMASTER_PID  $1: trace the postmaster and its children
+ *   ADDR            $2: address of the global my_wait_event_info in the
+ *                   postmaster (symbol value + load base of the binary; the
+ *                   same in every backend): see bpf/waits.bt; pgprobe computes it
+ *   INTERVAL_S      $3: print and truncate the aggregations every N seconds
+ *                   (0: only at exit)
+ *   ONLY_PID        $4: trace this pid only (0: the whole cluster)
+ *   Omitted parameters are 0 (#pragma D option defaultargs).
+ *   Ctrl-C (SIGINT) ends the capture: the END clause prints the aggregations.
+ *
+ * WHAT IS NOT THE SAME AS bpf/waits.bt:
+ *   - no @task: D cannot walk an associative array, so the intervals still
+ *     open when the maps are printed (a backend idle in ClientRead at the
+ *     end, a sleep that spans an interval boundary) are not charged until
+ *     they end; pgprobe shows that time as not accounted. Each interval is
+ *     charged whole when it ends (clipped at the window start).
+ *   - preempted or asleep is read from curthread->__state at off-cpu (0:
+ *     runnable, i.e. preempted or yielded; kernels 5.14+ name it __state);
+ *     bpf/waits.bt uses sched_switch's prev_state, which also counts a task
+ *     preempted just after it set a sleeping state as runnable.
+ *   - a task's owner (postmaster child) is decided from pid/ppid at each
+ *     probe rather than once, and at sched:::wakeup from args[1] (psinfo_t).
+ *
+ * REQUIREMENTS: DTrace with the sched and proc providers; verified live on
+ *   Oracle's DTrace for Linux 2.0.7 (scripts/setup-dtrace). Root.
+ *   curthread->__state is Linux's task_struct field: on illumos/FreeBSD/macOS
+ *   this script does not compile as is (not tried there).
+ *
+ * OUTPUT (the tab-separated layout pgprobe's DTrace engine parses; the map
+ *   names, keys and units of bpf/waits.bt, times in ns, tid = pid):
+ *   @@attached <TAB> waits.d <TAB> POSTMASTER_PID    BEGIN: all probes enabled
+ *   @@snapshot <TAB> 2026 Nov 23 03:20:19            before each set of maps
+ *   @window_ns <TAB> NS          when this window began (timestamp)
+ *   @now_ns <TAB> NS             when the maps were printed
+ *   @cpu_ns <TAB> TID <TAB> NS   time on CPU
+ *   @runq_ns <TAB> TID <TAB> HOW <TAB> NS   runnable, waiting for a CPU (2
+ *                                preempted or yielded, 3 woken, not yet running)
+ *   @wait_ns <TAB> TID <TAB> WEI <TAB> NS   off CPU per wait_event_info (0 none
+ *                                set, 1 not readable, 2 asleep since before the
+ *                                capture)
+ *   @wait_hist <TAB> TID <TAB> WEI, then DTrace's quantize table of the sleeps
+ *   @born_ns / @exit_ns <TAB> TID <TAB> NS   fork by the postmaster / exit
+ *   @unseen <TAB> KIND <TAB> N   1 an off-cpu of a task not on CPU, 2 an on-cpu
+ *                                of a sleeping task (its wakeup missed)
+ *   @@end                        END printed everything
+ *
+ * OVERHEAD: off-cpu, on-cpu and wakeup fire for every thread of the machine;
+ *   a foreign thread costs the pid/ppid comparisons (and at wakeup one
+ *   associative-array lookup). An own sleep costs two copyin()s.
+ *
+ * EXAMPLE:
+ *   # dtrace -qs d/waits.d $(head -1 $PGDATA/postmaster.pid) 94823514324680
+ *   @@attached	waits.d	41200
+ *   ^C
+ *   @@snapshot	2026 Nov 23 03:20:19
+ *   @wait_ns	41234	150994953	2001534117      (0x09000009: Timeout:PgSleep)
+ *   [...]
+ *   (a real run, DTrace for Linux 2.0.7: samples/waits_d_example.txt)
+ *
+ * Part of pgprobe (pgprobe waits --engine dtrace runs this script).
+ */
+
+#pragma D option quiet
+#pragma D option defaultargs
+#pragma D option switchrate=10hz
+#pragma D option dynvarsize=32m
+
+/*
+ * Per thread (global arrays keyed by tid; 0 deletes an entry):
+ *   ws_state: 1 on CPU, 2 runnable (preempted), 3 runnable (woken), 4 asleep,
+ *             5 ours, woken during the capture before any on-cpu was seen
+ *   ws_since: since when (timestamp); ws_wei: the wait event of a sleep
+ *   ws_exiting: proc:::exit seen, its last off-cpu follows
+ */
+
+int ws_state[int];
+uint64_t ws_since[int];
+uint64_t ws_wei[int];
+int ws_exiting[int];
+uint64_t ws_window;
+uint64_t ws_now;
+int ws_ticks;
+
+dtrace:::BEGIN
+{
+	ws_ticks = 0;
+	ws_window = timestamp;
+	@window_ns = max(ws_window);
+	printf("@@attached\twaits.d\t%d\n", $1);
+}
+
+/* ---- a thread leaves its CPU (curthread is that thread) ---- */
+
+sched:::off-cpu
+{
+	this->now = timestamp;
+	this->ours = $4 ? pid == $4 : (pid == $1 || ppid == $1);
+	this->st = this->ours ? ws_state[tid] : 0;
+	this->t0 = this->ours ? ws_since[tid] : 0;
+}
+
+sched:::off-cpu
+/this->ours && this->st == 1/
+{
+	@cpu_ns[tid] = sum(this->now - ($3 && this->t0 < ws_window ? ws_window : this->t0));
+}
+
+sched:::off-cpu
+/this->ours && (this->st == 0 || this->st == 5)/
+{
+	/* no on-cpu seen: on CPU since before the capture (5: woken while it still ran) */
+	@cpu_ns[tid] = sum(this->now - ws_window);
+}
+
+sched:::off-cpu
+/this->ours && this->st >= 2 && this->st <= 4/
+{
+	/* its on-cpu was not seen: that interval is lost */
+	@unseen[1] = count();
+}
+
+sched:::off-cpu
+/this->ours && ws_exiting[tid]/
+{
+	ws_state[tid] = 0;
+	ws_since[tid] = 0;
+	ws_wei[tid] = 0;
+	ws_exiting[tid] = 0;
+	this->ours = 0;
+}
+
+sched:::off-cpu
+/this->ours && curthread->__state == 0/
+{
+	ws_state[tid] = 2;
+	ws_since[tid] = this->now;
+	ws_wei[tid] = 0;
+}
+
+sched:::off-cpu
+/this->ours && curthread->__state != 0/
+{
+	ws_state[tid] = 4;
+	ws_since[tid] = this->now;
+	ws_wei[tid] = 1;	/* until read below: a failed copyin leaves "not readable" */
+	this->p = *(uint64_t *)copyin($2, 8);
+}
+
+sched:::off-cpu
+/this->ours && curthread->__state != 0 && this->p != 0/
+{
+	ws_wei[tid] = *(uint32_t *)copyin(this->p, 4);
+}
+
+/* ---- a sleeping thread becomes runnable (curthread is the waker) ---- */
+
+sched:::wakeup
+{
+	this->w = args[0]->pr_lwpid;
+	this->ws = ws_state[this->w];
+}
+
+sched:::wakeup
+/this->ws == 4/
+{
+	this->now = timestamp;
+	this->t0 = ws_since[this->w];
+	this->wei = ws_wei[this->w];
+	@wait_ns[this->w, this->wei] = sum(this->now - ($3 && this->t0 < ws_window ? ws_window : this->t0));
+	@wait_hist[this->w, this->wei] = quantize(this->now - this->t0);
+	ws_state[this->w] = 3;
+	ws_since[this->w] = this->now;
+	ws_wei[this->w] = 0;
+}
+
+sched:::wakeup
+/this->ws == 0 && ($4 ? args[1]->pr_pid == $4 : (args[1]->pr_pid == $1 || args[1]->pr_ppid == $1))/
+{
+	/* ours, asleep since before the capture */
+	ws_state[this->w] = 5;
+	ws_since[this->w] = timestamp;
+}
+
+/* ---- a thread gets a CPU (curthread is that thread) ---- */
+
+sched:::on-cpu
+{
+	this->now = timestamp;
+	this->ours = $4 ? pid == $4 : (pid == $1 || ppid == $1);
+	this->st = this->ours ? ws_state[tid] : 0;
+	this->t0 = this->ours ? ws_since[tid] : 0;
+	this->from = $3 && this->t0 < ws_window ? ws_window : this->t0;
+}
+
+sched:::on-cpu
+/this->ours && (this->st == 2 || this->st == 3)/
+{
+	@runq_ns[tid, this->st] = sum(this->now - this->from);
+}
+
+sched:::on-cpu
+/this->ours && this->st == 4/
+{
+	/* no wakeup seen: the whole time off CPU goes to the wait event */
+	@unseen[2] = count();
+	@wait_ns[tid, ws_wei[tid]] = sum(this->now - this->from);
+	@wait_hist[tid, ws_wei[tid]] = quantize(this->now - this->t0);
+}
+
+sched:::on-cpu
+/this->ours && this->st == 5 && this->t0 > ws_window/
+{
+	/* asleep since the window start (event unknown), then runnable */
+	@wait_ns[tid, 2] = sum(this->t0 - ws_window);
+}
+
+sched:::on-cpu
+/this->ours && this->st == 5/
+{
+	@runq_ns[tid, 3] = sum(this->now - this->from);
+}
+
+sched:::on-cpu
+/this->ours && this->st == 0/
+{
+	/* runnable since before the capture */
+	@runq_ns[tid, 3] = sum(this->now - ws_window);
+}
+
+sched:::on-cpu
+/this->ours/
+{
+	ws_state[tid] = 1;
+	ws_since[tid] = this->now;
+	ws_wei[tid] = 0;
+}
+
+/* ---- births and deaths ---- */
+
+proc:::create
+/pid == $1 && $4 == 0/
+{
+	/* a child of the postmaster is ours from birth: runnable (woken) now */
+	this->c = args[0]->pr_pid;
+	@born_ns[this->c] = max(timestamp);
+	ws_state[this->c] = 3;
+	ws_since[this->c] = timestamp;
+}
+
+proc:::exit
+/($4 ? pid == $4 : (pid == $1 || ppid == $1)) && ws_state[tid] >= 1 && ws_state[tid] <= 4/
+{
+	@exit_ns[tid] = max(timestamp);
+}
+
+proc:::exit
+/$4 ? pid == $4 : (pid == $1 || ppid == $1)/
+{
+	ws_exiting[tid] = 1;
+}
+
+/* ---- printing ---- */
+
+tick-1sec
+/$3 > 0/
+{
+	ws_ticks++;
+}
+
+tick-1sec
+/$3 > 0 && ws_ticks >= $3/
+{
+	ws_ticks = 0;
+	ws_now = timestamp;
+	@now_ns = max(ws_now);
+	printf("@@snapshot\t%Y\n", walltimestamp);
+	printa("@window_ns\t%@d\n", @window_ns);
+	printa("@now_ns\t%@d\n", @now_ns);
+	printa("@cpu_ns\t%d\t%@d\n", @cpu_ns);
+	printa("@runq_ns\t%d\t%d\t%@d\n", @runq_ns);
+	printa("@wait_ns\t%d\t%d\t%@d\n", @wait_ns);
+	printa("@wait_hist\t%d\t%d\n%@d\n", @wait_hist);
+	printa("@born_ns\t%d\t%@d\n", @born_ns);
+	printa("@exit_ns\t%d\t%@d\n", @exit_ns);
+	printa("@unseen\t%d\t%@d\n", @unseen);
+	trunc(@window_ns);
+	trunc(@now_ns);
+	trunc(@cpu_ns);
+	trunc(@runq_ns);
+	trunc(@wait_ns);
+	trunc(@wait_hist);
+	trunc(@born_ns);
+	trunc(@exit_ns);
+	trunc(@unseen);
+	ws_window = ws_now;
+	@window_ns = max(ws_window);
+}
+
+dtrace:::END
+{
+	@now_ns = max(timestamp);
+	printf("@@snapshot\t%Y\n", walltimestamp);
+	printa("@window_ns\t%@d\n", @window_ns);
+	printa("@now_ns\t%@d\n", @now_ns);
+	printa("@cpu_ns\t%d\t%@d\n", @cpu_ns);
+	printa("@runq_ns\t%d\t%d\t%@d\n", @runq_ns);
+	printa("@wait_ns\t%d\t%d\t%@d\n", @wait_ns);
+	printa("@wait_hist\t%d\t%d\n%@d\n", @wait_hist);
+	printa("@born_ns\t%d\t%@d\n", @born_ns);
+	printa("@exit_ns\t%d\t%@d\n", @exit_ns);
+	printa("@unseen\t%d\t%@d\n", @unseen);
+	printf("@@end\n");
+}

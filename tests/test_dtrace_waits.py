@@ -1,0 +1,46 @@
+"""d/waits.d in a real DTrace (DTrace for Linux 2.0.7, scripts/setup-dtrace), a real cluster.
+
+The ground truth of tests/test_waits.py for the DTrace twin: a backend in
+pg_sleep(2) is charged Timeout:PgSleep 2.0 s +- 2 %, named as pg_stat_activity
+names it while it sleeps. The sleep starts after dtrace printed @@attached and
+ends before Ctrl-C, so the whole sleep is inside the window. Under CI=true it
+fails when DTrace is missing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_dtrace_live import Run, dtrace
+from test_waits import near, total_us
+
+from pgprobe.sandbox import PgCluster
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["dtrace"]  # the fixture, shared with test_dtrace_live
+
+
+def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
+    with PgCluster(name="pgprobe-dtrace-waits") as pg, pg.connect() as sleeper:
+        pid = sleeper.info.backend_pid
+        args = ["waits", *pg.conn_args, "--engine", "dtrace", "--by", "pid", "-d", "900"]
+        run = Run(tmp_path, *args, "--json", dtrace=dtrace)
+        print(f"dtrace attached in {run.wait_attached('@@attached', 2.0):.1f} s")
+        work = threading.Thread(target=sleeper.execute, args=("SELECT pg_sleep(2)",))
+        work.start()
+        time.sleep(1.0)
+        query = "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = "
+        (seen,) = pg.sql(f"{query}{pid}")
+        work.join(timeout=60)
+        time.sleep(0.5)
+        doc, err, stop_s = run.stop()
+    print(f"stderr {err.strip()!r}; stopped in {stop_s:.1f} s")
+    assert seen == ("Timeout", "PgSleep")
+    assert doc["meta"]["engine"] == "dtrace"
+    sleep_s = total_us(doc["rows"], pid, "wait", "Timeout", "PgSleep") / 1e6
+    print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")
+    assert near(sleep_s, 2.0), sleep_s
