@@ -4,8 +4,9 @@
  *           waiting for a CPU, and off CPU in each wait event (14+)
  *           (DTrace; the twin of bpf/waits.bt).
  *
- * The scheduler says when a thread leaves a CPU (sched:::off-cpu), gets one
- * (sched:::on-cpu) and is made runnable again (sched:::wakeup). At every
+ * The scheduler says when a thread leaves a CPU and which one gets it
+ * (sched:::off-cpu: curthread leaves, args[0]/args[1] come in) and when a
+ * sleeping thread is made runnable again (sched:::wakeup). At every
  * off-cpu of a PostgreSQL process that goes to sleep this script reads, from
  * the process's own memory, the wait event it published: *my_wait_event_info
  * (copyin of the pointer, then of the uint32 it points at), the value
@@ -57,20 +58,20 @@
  *                                capture)
  *   @wait_hist <TAB> TID <TAB> WEI, then DTrace's quantize table of the sleeps
  *   @born_ns / @exit_ns <TAB> TID <TAB> NS   fork by the postmaster / exit
- *   @unseen <TAB> KIND <TAB> N   1 an off-cpu of a task not on CPU, 2 an on-cpu
+ *   @unseen <TAB> KIND <TAB> N   1 an off-cpu of a task not on CPU, 2 a switch-in
  *                                of a sleeping task (its wakeup missed)
  *   @@end                        END printed everything
  *
- * OVERHEAD: off-cpu, on-cpu and wakeup fire for every thread of the machine;
+ * OVERHEAD: off-cpu and wakeup fire for every thread of the machine;
  *   a foreign thread costs the pid/ppid comparisons (and at wakeup one
  *   associative-array lookup). An own sleep costs two copyin()s.
  *
  * EXAMPLE:
  *   # dtrace -qs d/waits.d $(head -1 $PGDATA/postmaster.pid) 94823514324680
- *   @@attached	waits.d	41200
+ *   @@attached	waits.d	31007
  *   ^C
- *   @@snapshot	2026 Nov 23 03:20:19
- *   @wait_ns	41234	150994953	2001534117      (0x09000009: Timeout:PgSleep)
+ *   @@snapshot	2026 Nov 23 03:10:06
+ *   @wait_ns	31014	150994946	2002028495      (0x09000002: Timeout:PgSleep, 15)
  *   [...]
  *   (a real run, DTrace for Linux 2.0.7: samples/waits_d_example.txt)
  *
@@ -85,7 +86,7 @@
 /*
  * Per thread (global arrays keyed by tid; 0 deletes an entry):
  *   ws_state: 1 on CPU, 2 runnable (preempted), 3 runnable (woken), 4 asleep,
- *             5 ours, woken during the capture before any on-cpu was seen
+ *             5 ours, woken during the capture before any switch-in was seen
  *   ws_since: since when (timestamp); ws_wei: the wait event of a sleep
  *   ws_exiting: proc:::exit seen, its last off-cpu follows
  */
@@ -106,7 +107,7 @@ dtrace:::BEGIN
 	printf("@@attached\twaits.d\t%d\n", $1);
 }
 
-/* ---- a thread leaves its CPU (curthread is that thread) ---- */
+/* ---- the thread that leaves its CPU (curthread) ---- */
 
 sched:::off-cpu
 {
@@ -125,14 +126,14 @@ sched:::off-cpu
 sched:::off-cpu
 /this->ours && (this->st == 0 || this->st == 5)/
 {
-	/* no on-cpu seen: on CPU since before the capture (5: woken while it still ran) */
+	/* no switch-in seen: on CPU since before the capture (5: woken while it still ran) */
 	@cpu_ns[tid] = sum(this->now - ws_window);
 }
 
 sched:::off-cpu
 /this->ours && this->st >= 2 && this->st <= 4/
 {
-	/* its on-cpu was not seen: that interval is lost */
+	/* its switch-in was not seen: that interval is lost */
 	@unseen[1] = count();
 }
 
@@ -198,58 +199,74 @@ sched:::wakeup
 	ws_since[this->w] = timestamp;
 }
 
-/* ---- a thread gets a CPU (curthread is that thread) ---- */
+/*
+ * ---- the thread that gets the CPU: off-cpu's args[0] and args[1] (DTrace for
+ * Linux's sched:::on-cpu fires, but not with the incoming thread as curthread,
+ * so the switch-in is taken here, as bpf/waits.bt takes both halves of
+ * sched_switch in one probe) ----
+ */
 
-sched:::on-cpu
+sched:::off-cpu
 {
-	this->now = timestamp;
-	this->ours = $4 ? pid == $4 : (pid == $1 || ppid == $1);
-	this->st = this->ours ? ws_state[tid] : 0;
-	this->t0 = this->ours ? ws_since[tid] : 0;
-	this->from = $3 && this->t0 < ws_window ? ws_window : this->t0;
+	this->n = args[0]->pr_lwpid;
+	this->nst = ws_state[this->n];
 }
 
-sched:::on-cpu
-/this->ours && (this->st == 2 || this->st == 3)/
+sched:::off-cpu
+/this->nst == 0 && this->n != 0/
 {
-	@runq_ns[tid, this->st] = sum(this->now - this->from);
+	this->nours = $4 ? args[1]->pr_pid == $4 :
+	    (args[1]->pr_pid == $1 || args[1]->pr_ppid == $1);
 }
 
-sched:::on-cpu
-/this->ours && this->st == 4/
+sched:::off-cpu
+/this->nst != 0 || (this->n != 0 && this->nours)/
+{
+	this->n0 = ws_since[this->n];
+	this->from = $3 && this->n0 < ws_window ? ws_window : this->n0;
+}
+
+sched:::off-cpu
+/this->nst == 2 || this->nst == 3/
+{
+	@runq_ns[this->n, this->nst] = sum(this->now - this->from);
+}
+
+sched:::off-cpu
+/this->nst == 4/
 {
 	/* no wakeup seen: the whole time off CPU goes to the wait event */
 	@unseen[2] = count();
-	@wait_ns[tid, ws_wei[tid]] = sum(this->now - this->from);
-	@wait_hist[tid, ws_wei[tid]] = quantize(this->now - this->t0);
+	@wait_ns[this->n, ws_wei[this->n]] = sum(this->now - this->from);
+	@wait_hist[this->n, ws_wei[this->n]] = quantize(this->now - this->n0);
 }
 
-sched:::on-cpu
-/this->ours && this->st == 5 && this->t0 > ws_window/
+sched:::off-cpu
+/this->nst == 5 && this->n0 > ws_window/
 {
 	/* asleep since the window start (event unknown), then runnable */
-	@wait_ns[tid, 2] = sum(this->t0 - ws_window);
+	@wait_ns[this->n, 2] = sum(this->n0 - ws_window);
 }
 
-sched:::on-cpu
-/this->ours && this->st == 5/
+sched:::off-cpu
+/this->nst == 5/
 {
-	@runq_ns[tid, 3] = sum(this->now - this->from);
+	@runq_ns[this->n, 3] = sum(this->now - this->from);
 }
 
-sched:::on-cpu
-/this->ours && this->st == 0/
+sched:::off-cpu
+/this->nst == 0 && this->n != 0 && this->nours/
 {
 	/* runnable since before the capture */
-	@runq_ns[tid, 3] = sum(this->now - ws_window);
+	@runq_ns[this->n, 3] = sum(this->now - ws_window);
 }
 
-sched:::on-cpu
-/this->ours/
+sched:::off-cpu
+/this->nst != 0 || (this->n != 0 && this->nours)/
 {
-	ws_state[tid] = 1;
-	ws_since[tid] = this->now;
-	ws_wei[tid] = 0;
+	ws_state[this->n] = 1;
+	ws_since[this->n] = this->now;
+	ws_wei[this->n] = 0;
 }
 
 /* ---- births and deaths ---- */

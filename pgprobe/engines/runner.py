@@ -66,13 +66,19 @@ class TracerProcess:
         self._started = 0.0
         self._attached_at: float | None = None
         self._signalled_at: float | None = None
+        self._killed_complete = False
 
     def request_stop(self) -> None:
         """End the capture early (thread-safe): the maps are still printed and parsed."""
         self._stop_requested.set()
 
-    def kill(self) -> None:
-        """SIGKILL the tracer if it still runs (thread-safe; never another process)."""
+    def kill(self, *, output_complete: bool = False) -> None:
+        """SIGKILL the tracer if it still runs (thread-safe; never another process).
+
+        output_complete: the engine saw the tracer print everything (DTrace for
+        Linux's @@end): the SIGKILL is the normal end, not a death to report.
+        """
+        self._killed_complete = output_complete
         child = self._child
         if child is not None and child.poll() is None:
             child.kill()
@@ -108,6 +114,8 @@ class TracerProcess:
         """A tracer that ended by itself, or not by our SIGINT, is a fact to report."""
         asked = self._signalled_at is not None
         if asked and returncode in (0, -signal.SIGINT):
+            return
+        if self._killed_complete and returncode == -signal.SIGKILL:
             return
         if not self.info.probes_attached or self.info.ended_early:
             return  # a failure to start: the engine explains it from stderr

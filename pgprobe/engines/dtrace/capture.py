@@ -119,7 +119,7 @@ class DtraceCapture:
         deadline = time.monotonic() + TEARDOWN_WAIT_S
         while time.monotonic() < deadline and _has_probe_events(pid):
             time.sleep(0.1)
-        self.process.kill()
+        self.process.kill(output_complete=True)
 
     def _check_exit(self, returncode: int) -> None:
         report = classify_stderr(self.process.stderr)
