@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,8 @@ from pgprobe.sandbox import PgCluster
 pytestmark = pytest.mark.integration
 
 NEEDED = ("root", "bpftrace", "btf", "tracepoints", "perf sampling", "uprobes", "usdt",
-          "server binary", "usdt probes", "postgresql version", "connection")  # fmt: skip
+          "server binary", "usdt probes", "postgresql version", "wait event address",
+          "connection")  # fmt: skip
 
 
 def doctor(cluster: PgCluster, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -51,3 +54,33 @@ def test_doctor_table_names_the_blocked_tools(cluster: PgCluster, tmp_path: Path
     assert done.returncode != 0
     assert "bpftrace not found" in done.stdout
     assert done.stdout.strip().splitlines()[-1].startswith("not ready: these tools cannot run")
+
+
+def test_doctor_reads_my_wait_event_info(cluster: PgCluster, tracing: None) -> None:
+    """The address against nm -D and /proc/PID/maps (bpf/waits.bt's recipe), the pointer
+    against the postmaster's writable mappings, the value against a second read."""
+    _, doc = doctor(cluster)
+    (row,) = [r for r in doc["rows"] if r["check"] == "wait event address"]
+    print(row["detail"])
+    assert row["status"] == "ok", row
+    found = re.fullmatch(
+        r"my_wait_event_info found at 0x([0-9a-f]+), read 0x([0-9a-f]+) -> 0x([0-9a-f]{8}) "
+        r"\(postmaster (\d+)\)",
+        row["detail"],
+    )
+    assert found, row["detail"]
+    addr, pointer, value = (int(found.group(i), 16) for i in (1, 2, 3))
+    pm = int(found.group(4))
+    binary = str(Path(f"/proc/{pm}/exe").resolve())
+    nm = subprocess.run(["nm", "-D", "--defined-only", binary], capture_output=True, text=True)
+    (sym,) = [int(f[0], 16) for f in map(str.split, nm.stdout.splitlines())
+              if len(f) == 3 and f[2] == "my_wait_event_info"]  # fmt: skip
+    maps = [line.split() for line in Path(f"/proc/{pm}/maps").read_text().splitlines()]
+    (base,) = [int(m[0].split("-")[0], 16) for m in maps
+               if len(m) == 6 and m[5] == binary and m[2] == "00000000"]  # fmt: skip
+    assert addr == sym + base
+    writable = [tuple(int(x, 16) for x in m[0].split("-")) for m in maps if m[1][1] == "w"]
+    assert any(lo <= pointer < hi for lo, hi in writable), hex(pointer)
+    with open(f"/proc/{pm}/mem", "rb", buffering=0) as mem:
+        mem.seek(pointer)
+        assert int.from_bytes(mem.read(4), "little") == value

@@ -23,6 +23,7 @@ from pgprobe.errors import PgprobeError
 from pgprobe.render import table
 from pgprobe.tools import common
 from pgprobe.unwind import fpcheck
+from pgprobe.waitevents import address
 
 NAME = "doctor"
 EXIT_NOT_READY = 1
@@ -41,6 +42,7 @@ NEEDS = {
     "usdt probes": ("lwlocks", "triage"),
     "postgresql version": ("lwlocks", "triage"),
     "connection": ("triage",),
+    "wait event address": ("waits",),
 }
 MIN_BPFTRACE = (0, 12)
 CAP_PERFMON, CAP_BPF = 38, 39
@@ -106,6 +108,7 @@ def diagnose(opts: discover.ConnOptions) -> list[Check]:
     checks += try_probe_types(binary, tracer_ok)
     checks += check_binary(binary)
     checks.append(check_version(cluster, binary))
+    checks.append(check_wait_event_address(cluster))
     checks.append(conn_check)
     for c in checks:
         if c.status == "fail" and not c.affects:
@@ -376,3 +379,23 @@ def check_version(cluster: discover.Cluster | None, binary: str | None) -> Check
         return Check("postgresql version", "fail", f"{version}: lwlocks needs 13 or later",
                      "upgrade; clog-reads and flame work on older servers")  # fmt: skip
     return Check("postgresql version", "ok", version)
+
+
+def check_wait_event_address(cluster: discover.Cluster | None) -> Check:
+    """What pgprobe waits reads: *my_wait_event_info, here from the postmaster's memory."""
+    name = "wait event address"
+    if cluster is None:
+        return Check(name, "warn", "no running server to read it from")
+    if cluster.version_num and cluster.version_num < address.MIN_MAJOR * 10000:
+        return Check(name, "fail", f"{cluster.version}: waits needs {address.MIN_MAJOR} or later "
+                     f"(no {address.SYMBOL})")  # fmt: skip
+    pm = cluster.postmaster_pid
+    try:
+        where = address.find(pm, cluster.binary)
+        pointer, value = address.read_current(pm, where)
+    except PgprobeError as exc:
+        return Check(name, "fail", exc.message)
+    except OSError as exc:
+        return Check(name, "fail", f"cannot read /proc/{pm}/mem: {exc.strerror}", "run as root")
+    return Check(name, "ok", f"{address.SYMBOL} found at 0x{where.address:x}, "
+                 f"read 0x{pointer:x} -> 0x{value:08x} (postmaster {pm})")  # fmt: skip

@@ -98,3 +98,19 @@ def find(postmaster_pid: int, binary: str, proc: Path = Path("/proc")) -> WaitEv
         )
     base -= first_vaddr
     return WaitEventAddress(base + value, value, base, binary)
+
+
+def read_current(pid: int, where: WaitEventAddress, proc: Path = Path("/proc")) -> tuple[int, int]:
+    """(the pointer my_wait_event_info holds, the uint32 it points at) in pid's memory.
+
+    What bpf/waits.bt and d/waits.d read at each switch-out, here from
+    /proc/PID/mem (root, or the process's owner with ptrace rights). A null
+    pointer reads as (0, 0). OSError when the memory cannot be read.
+    """
+    with open(proc / str(pid) / "mem", "rb", buffering=0) as mem:
+        mem.seek(where.address)
+        pointer = int.from_bytes(mem.read(8), "little")
+        if pointer == 0:
+            return 0, 0
+        mem.seek(pointer)
+        return pointer, int.from_bytes(mem.read(4), "little")
