@@ -36,6 +36,13 @@
  *     runnable, i.e. preempted or yielded; kernels 5.14+ name it __state);
  *     bpf/waits.bt uses sched_switch's prev_state, which also counts a task
  *     preempted just after it set a sleeping state as runnable.
+ *   - @window_ns and @now_ns are printed with printf from variables (the
+ *     clause's own timestamp), not from aggregations: printa() and trunc()
+ *     act on the consumer's copy of the aggregations, read at its own pace
+ *     (aggrate, 10 Hz here), so an aggregation set in the same clause was
+ *     printed with its new value (window 0 s) and then truncated. With
+ *     INTERVAL_S the cut between two windows is therefore within about
+ *     0.1 s of @now_ns, not exactly at it.
  *   - a task's owner (postmaster child) is decided from pid/ppid at each
  *     probe rather than once, and at sched:::wakeup from args[1] (psinfo_t).
  *
@@ -68,10 +75,10 @@
  *
  * EXAMPLE:
  *   # dtrace -qs d/waits.d $(head -1 $PGDATA/postmaster.pid) 94823514324680
- *   @@attached	waits.d	31007
+ *   @@attached	waits.d	6894
  *   ^C
- *   @@snapshot	2026 Nov 23 03:10:06
- *   @wait_ns	31014	150994946	2002028495      (0x09000002: Timeout:PgSleep, 15)
+ *   @@snapshot	2026 Nov 23 03:16:29
+ *   @wait_ns	6904	150994946	2002024508      (0x09000002: Timeout:PgSleep, 15)
  *   [...]
  *   (a real run, DTrace for Linux 2.0.7: samples/waits_d_example.txt)
  *
@@ -81,6 +88,7 @@
 #pragma D option quiet
 #pragma D option defaultargs
 #pragma D option switchrate=10hz
+#pragma D option aggrate=10hz
 #pragma D option dynvarsize=32m
 
 /*
@@ -103,7 +111,6 @@ dtrace:::BEGIN
 {
 	ws_ticks = 0;
 	ws_window = timestamp;
-	@window_ns = max(ws_window);
 	printf("@@attached\twaits.d\t%d\n", $1);
 }
 
@@ -306,10 +313,9 @@ tick-1sec
 {
 	ws_ticks = 0;
 	ws_now = timestamp;
-	@now_ns = max(ws_now);
 	printf("@@snapshot\t%Y\n", walltimestamp);
-	printa("@window_ns\t%@d\n", @window_ns);
-	printa("@now_ns\t%@d\n", @now_ns);
+	printf("@window_ns\t%d\n", ws_window);
+	printf("@now_ns\t%d\n", ws_now);
 	printa("@cpu_ns\t%d\t%@d\n", @cpu_ns);
 	printa("@runq_ns\t%d\t%d\t%@d\n", @runq_ns);
 	printa("@wait_ns\t%d\t%d\t%@d\n", @wait_ns);
@@ -317,8 +323,6 @@ tick-1sec
 	printa("@born_ns\t%d\t%@d\n", @born_ns);
 	printa("@exit_ns\t%d\t%@d\n", @exit_ns);
 	printa("@unseen\t%d\t%@d\n", @unseen);
-	trunc(@window_ns);
-	trunc(@now_ns);
 	trunc(@cpu_ns);
 	trunc(@runq_ns);
 	trunc(@wait_ns);
@@ -327,15 +331,13 @@ tick-1sec
 	trunc(@exit_ns);
 	trunc(@unseen);
 	ws_window = ws_now;
-	@window_ns = max(ws_window);
 }
 
 dtrace:::END
 {
-	@now_ns = max(timestamp);
 	printf("@@snapshot\t%Y\n", walltimestamp);
-	printa("@window_ns\t%@d\n", @window_ns);
-	printa("@now_ns\t%@d\n", @now_ns);
+	printf("@window_ns\t%d\n", ws_window);
+	printf("@now_ns\t%d\n", timestamp);
 	printa("@cpu_ns\t%d\t%@d\n", @cpu_ns);
 	printa("@runq_ns\t%d\t%d\t%@d\n", @runq_ns);
 	printa("@wait_ns\t%d\t%d\t%@d\n", @wait_ns);

@@ -323,6 +323,9 @@ def test_output_layout(path: Path) -> None:
                 assert func == ("count" if tag.endswith(":count") else "sum"), fmt
     for agg in aggs:
         assert f"trunc(@{agg});" in interval.body, f"@{agg} not truncated after an interval"
+    # Scalars kept in variables are printed with printf (exact at the clause, unlike printa).
+    for clause in (interval, end):
+        tags |= set(re.findall(r'printf\("@(\w+)\\t%d\\n", \w+\)', clause.body))
     assert tags == twin_maps - NOT_IN_D.get(path.stem, set()), "the bpf twin's map names"
 
 
