@@ -71,6 +71,8 @@
  *           (value  ---- Distribution ---- count; value is a bucket's low
  *           bound, a power of two), then a blank line
  *   @@end                                          END printed everything
+ *   @wait_unfinished <TAB> N                       waits whose -done never fired
+ *           (the thread's next wait started first), as in bpf/lwlock_wait.bt
  *   The :count and :total halves are bpftrace's stats() (count and total) of
  *   @wait_stats; PID is 0 unless BY_PID.
  *
@@ -94,10 +96,18 @@
 #pragma D option defaultargs
 #pragma D option switchrate=10hz
 
+self uint64_t lw_start;	/* read in a predicate before its first assignment */
+
 dtrace:::BEGIN
 {
 	lw_ticks = 0;	/* seconds since the last interval print */
 	printf("@@attached\tlwlock_wait.d\t%s\n", $$1);
+}
+
+postgresql*:::lwlock-wait-start
+/self->lw_start && ($2 == 0 || pid == $2 || ppid == $2) && ($5 == 0 || pid == $5)/
+{
+	@wait_unfinished = count();	/* the last wait of this thread never ended here */
 }
 
 postgresql*:::lwlock-wait-start
@@ -135,10 +145,12 @@ tick-1sec
 	printa("@wait_stats:total\t%d\t%s\t%s\t%@d\n", @wait_total);
 	printa("@wait_max_ns\t%d\t%s\t%s\t%@d\n", @wait_max_ns);
 	printa("@wait_ns\t%d\t%s\t%s\n%@d\n", @wait_ns);
+	printa("@wait_unfinished\t%@d\n", @wait_unfinished);
 	trunc(@wait_count);
 	trunc(@wait_total);
 	trunc(@wait_max_ns);
 	trunc(@wait_ns);
+	trunc(@wait_unfinished);
 }
 
 dtrace:::END
@@ -148,5 +160,6 @@ dtrace:::END
 	printa("@wait_stats:total\t%d\t%s\t%s\t%@d\n", @wait_total);
 	printa("@wait_max_ns\t%d\t%s\t%s\t%@d\n", @wait_max_ns);
 	printa("@wait_ns\t%d\t%s\t%s\n%@d\n", @wait_ns);
+	printa("@wait_unfinished\t%@d\n", @wait_unfinished);
 	printf("@@end\n");
 }
