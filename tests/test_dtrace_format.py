@@ -49,6 +49,7 @@ LWLOCK_WAIT = (
     Printa("@wait_stats:total", "wait_stats", "total"),
     Printa("@wait_max_ns", "wait_max_ns", "int"),
     Printa("@wait_ns", "wait_ns", "hist"),
+    Printa("@wait_unfinished", "wait_unfinished", "int"),
 )
 CLOG_READS = (
     Printa("@read_stats:count", "read_stats", "count"),
