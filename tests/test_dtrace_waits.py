@@ -2,7 +2,9 @@
 
 The ground truth of tests/test_waits.py for the DTrace twin: a backend in
 pg_sleep(2) is charged Timeout:PgSleep 2.0 s +- 2 %, named as pg_stat_activity
-names it while it sleeps. The sleep starts after dtrace printed @@attached and
+names it while it sleeps; its on-CPU and runqueue time equal the deltas of
+/proc/PID/schedstat over the same window (the backend sleeps across both
+edges). The sleep starts after dtrace printed @@attached and
 ends before Ctrl-C, so the whole sleep is inside the window. Under CI=true it
 fails when DTrace is missing.
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from test_dtrace_live import Run, dtrace
-from test_waits import near, total_us
+from test_waits import near, schedstat, settled, total_us
 
 from pgprobe.sandbox import PgCluster
 
@@ -27,20 +29,33 @@ __all__ = ["dtrace"]  # the fixture, shared with test_dtrace_live
 def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
     with PgCluster(name="pgprobe-dtrace-waits") as pg, pg.connect() as sleeper:
         pid = sleeper.info.backend_pid
+        before = settled({"sleeper": pid})["sleeper"]
         args = ["waits", *pg.conn_args, "--engine", "dtrace", "--by", "pid", "-d", "900"]
         run = Run(tmp_path, *args, "--json", dtrace=dtrace)
         print(f"dtrace attached in {run.wait_attached('@@attached', 2.0):.1f} s")
+        assert schedstat(pid) == before, "ran while attaching"
         work = threading.Thread(target=sleeper.execute, args=("SELECT pg_sleep(2)",))
         work.start()
         time.sleep(1.0)
         query = "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = "
         (seen,) = pg.sql(f"{query}{pid}")
         work.join(timeout=60)
-        time.sleep(0.5)
+        after = settled({"sleeper": pid})["sleeper"]
         doc, err, stop_s = run.stop()
+        assert schedstat(pid) == after, "ran while stopping"
     print(f"stderr {err.strip()!r}; stopped in {stop_s:.1f} s")
     assert seen == ("Timeout", "PgSleep")
     assert doc["meta"]["engine"] == "dtrace"
     sleep_s = total_us(doc["rows"], pid, "wait", "Timeout", "PgSleep") / 1e6
     print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")
     assert near(sleep_s, 2.0), sleep_s
+
+    cpu_us, runq_us = total_us(doc["rows"], pid, "on CPU"), total_us(doc["rows"], pid, "runqueue")
+    cpu_truth, runq_truth = (after[0] - before[0]) / 1e3, (after[1] - before[1]) / 1e3
+    runs = after[2] - before[2]
+    print(f"on CPU {cpu_us:.0f} us (schedstat {cpu_truth:.0f}), runqueue {runq_us:.0f} us "
+          f"(schedstat {runq_truth:.0f}), {runs} runs")  # fmt: skip
+    # Per run, schedstat (rq clock) and the probe (its own clock) stamp a switch a
+    # few us apart (see tests/test_waits.py): 50 us a run, as there.
+    busy, busy_truth = cpu_us + runq_us, cpu_truth + runq_truth
+    assert near(busy, busy_truth, floor=50 * runs), (busy, busy_truth)
