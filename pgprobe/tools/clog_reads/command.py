@@ -29,6 +29,7 @@ from pgprobe.tools.clog_reads.probe import (
     start,
 )
 from pgprobe.tools.clog_reads.records import (
+    TRACE_HEADER,
     StackRow,
     group_rows,
     open_errors,
@@ -121,7 +122,7 @@ class Session:
         if read is None:
             if line.text.startswith("TIME_NS"):
                 if not self.ns.json and not self.header_printed:
-                    print(view.TRACE_HEADER, flush=True)
+                    print(TRACE_HEADER, flush=True)
                     self.header_printed = True
             elif line.text.strip():
                 print(f"pgprobe: warning: unexpected line from the tracer: {line.text[:120]}",
@@ -132,7 +133,7 @@ class Session:
         if self.ns.json:
             print(json.dumps(read.as_json(self.mono_to_wall_ns)), flush=True)
         else:
-            print(view.trace_text(read, self.mono_to_wall_ns), flush=True)
+            print(read.text(self.mono_to_wall_ns), flush=True)
 
     # -- one summary
 

@@ -200,6 +200,18 @@ class TraceRead:
             "lat_us": round(self.lat_ns / 1000, 3),
         }
 
+    def text(self, mono_to_wall_ns: int) -> str:
+        """The line under TRACE_HEADER (the two are kept together so that they agree)."""
+        clock = self.wall(mono_to_wall_ns).strftime("%H:%M:%S.%f")
+        offset = str(self.offset) if self.offset >= 0 else "-"
+        return (
+            f"{clock:<15} {self.pid:>7}  {self.file:<27} {offset:>9} {self.bytes:>6} "
+            f"{self.lat_ns / 1000:>9.1f}"
+        )
+
+
+TRACE_HEADER = f"{'TIME':<15} {'PID':>7}  {'FILE':<27} {'OFFSET':>9} {'BYTES':>6} {'LAT us':>9}"
+
 
 def parse_trace_line(text: str) -> TraceRead | None:
     """One MODE 2 line of the script (TIME_NS PID FILE OFFSET BYTES LAT_NS); None: not one."""

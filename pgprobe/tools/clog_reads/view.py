@@ -19,24 +19,11 @@ from pgprobe.tools.clog_reads.records import (
     ReadRecord,
     ReadRow,
     StackRow,
-    TraceRead,
     group_rows,
 )
 
 STACKS_SHOWN = 10
 FILES_SHOWN = 4
-
-TRACE_HEADER = f"{'TIME':<15} {'PID':>7}  {'FILE':<27} {'OFFSET':>9} {'BYTES':>6} {'LAT us':>9}"
-
-
-def trace_text(read: TraceRead, mono_to_wall_ns: int) -> str:
-    """One read as a line under TRACE_HEADER."""
-    clock = read.wall(mono_to_wall_ns).strftime("%H:%M:%S.%f")
-    offset = str(read.offset) if read.offset >= 0 else "-"
-    return (
-        f"{clock:<15} {read.pid:>7}  {read.file:<27} {offset:>9} {read.bytes:>6} "
-        f"{read.lat_ns / 1000:>9.1f}"
-    )
 
 
 def print_tables(
