@@ -95,11 +95,8 @@ NEVER = {
 KNOWN_EXCEPTIONS = {
     # issue 12: the single-file tools draw their own tables until each has a view.py
     ("pgprobe.tools.backends", "pgprobe.render.table"),
-    ("pgprobe.tools.clog_reads", "pgprobe.render.table"),
     ("pgprobe.tools.doctor", "pgprobe.render.table"),
     ("pgprobe.tools.lwlocks", "pgprobe.render.table"),
-    # issue 12: clog-reads writes pprof (--pprof) from its single module until it is split
-    ("pgprobe.tools.clog_reads", "pgprobe.tools.pprof_export"),
     # issue 12: triage's command evaluates the findings and writes the report (its
     # command.py, in the cli layer, may)
     ("pgprobe.tools.triage", "pgprobe.findings"),

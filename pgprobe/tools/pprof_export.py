@@ -109,7 +109,7 @@ def frame_of(name: str, main: str) -> pprof.Frame:
 
 
 class ReadStack(Protocol):
-    """A code path that read SLRU pages (clog_reads.StackRow)."""
+    """A code path that read SLRU pages (clog_reads.records.StackRow)."""
 
     frames: tuple[str, ...]  # folded names, innermost first
     by_pid: dict[int, int]  # reads per pid

@@ -1,0 +1,276 @@
+"""`pgprobe clog-reads`: the CLI glue (options, the capture loop, JSON or the terminal view)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgprobe.discover import Backend, Targets
+from pgprobe.engines.base import Line, RunInfo, Snapshot
+from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.pgstats import SlruStats
+from pgprobe.stacks import fold, write_folded
+from pgprobe.tools import common, pprof_export
+from pgprobe.tools.clog_reads import view
+from pgprobe.tools.clog_reads.probe import (
+    MODE_AGGREGATE,
+    MODE_STACKS,
+    MODE_TRACE,
+    SLRU_BITS,
+    check_server,
+    selected_slrus,
+    slru_mask,
+    slru_value,
+    start,
+)
+from pgprobe.tools.clog_reads.records import (
+    TRACE_HEADER,
+    StackRow,
+    group_rows,
+    open_errors,
+    parse_trace_line,
+    records,
+)
+from pgprobe.tools.clog_reads.stacks import StackNamer
+
+NAME = "clog-reads"
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="physical reads of SLRU pages (pg_xact, pg_subtrans, ...) per backend",
+        description="Count the reads of SLRU segment files (pg_xact by default) per "
+        "backend and file, with latency, beside pg_stat_slru's deltas over the same "
+        "window; --stacks shows the code paths that miss, --trace every read.",
+    )
+    common.add_tracing_arguments(parser, default_duration=10)
+    parser.add_argument(
+        "--slru",
+        type=slru_value,
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="SLRUs to trace, comma-separated or repeated: "
+        + ", ".join(SLRU_BITS)
+        + ", or all (default pg_xact; pg_xact and pg_clog select each other)",
+    )
+    parser.add_argument(
+        "--stacks",
+        action="store_true",
+        help="also count the user stack of each read and show the top code paths",
+    )
+    parser.add_argument(
+        "--folded",
+        metavar="FILE",
+        help="with --stacks: write the read stacks as FlameGraph folded stacks to FILE "
+        "(render with `pgprobe flame --from FILE`)",
+    )
+    parser.add_argument(
+        "--pprof", metavar="FILE", help="with --stacks: write the reads per stack and pid as a "
+        "pprof profile (gzipped profile.proto, for go tool pprof, Pyroscope, Parca) to FILE",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace", action="store_true", help="print every read as it happens (like rsnoop)"
+    )
+    parser.add_argument(
+        "--interval",
+        type=common.positive_int,
+        metavar="N",
+        help="print a fresh summary every N seconds until the duration ends",
+    )
+    parser.set_defaults(run=run)
+
+
+@dataclass
+class Session:
+    """One run of the command: what every snapshot's output needs."""
+
+    ns: argparse.Namespace
+    targets: Targets
+    slrus: list[str]
+    stats: SlruStats
+    namer: StackNamer | None
+    mono_to_wall_ns: int = field(default_factory=lambda: time.time_ns() - time.monotonic_ns())
+    header_printed: bool = False
+    warned_unavailable: str | None = None  # said on stderr at the start
+    folded: dict[str, int] = field(default_factory=dict)  # every snapshot's stacks, for --folded
+    all_stacks: list[StackRow] = field(default_factory=list)  # every snapshot's, for --pprof
+    closing: dict[str, dict[str, Any]] | None = None  # pg_stat_slru when the probes stopped
+
+    def keep(self, pid: int) -> bool:
+        """Reads of the targets; never those of pgprobe's own session."""
+        if pid == self.stats.pid:
+            return False
+        return self.targets.whole_cluster or pid in self.targets.pids
+
+    def describe(self, pid: int) -> Backend:
+        found = self.targets.cluster.backend(pid)
+        if found is None and self.namer is not None:
+            found = self.namer.describe(pid)
+        return found or self.targets.describe(pid)
+
+    # -- streaming
+
+    def on_line(self, line: Line) -> None:
+        read = parse_trace_line(line.text)
+        if read is None:
+            if line.text.startswith("TIME_NS"):
+                if not self.ns.json and not self.header_printed:
+                    print(TRACE_HEADER, flush=True)
+                    self.header_printed = True
+            elif line.text.strip():
+                print(f"pgprobe: warning: unexpected line from the tracer: {line.text[:120]}",
+                      file=sys.stderr)  # fmt: skip
+            return
+        if not self.keep(read.pid):
+            return
+        if self.ns.json:
+            print(json.dumps(read.as_json(self.mono_to_wall_ns)), flush=True)
+        else:
+            print(read.text(self.mono_to_wall_ns), flush=True)
+
+    # -- one summary
+
+    def emit(self, snapshot: Snapshot, info: RunInfo, slru_delta: Any) -> None:
+        if snapshot.final:
+            common.refresh_if_needed(self.targets, True)
+        recs = [r for r in records(snapshot) if self.keep(r.pid)]
+        per_file = group_rows(recs, "file", self.describe)
+        errors = open_errors(snapshot, self.keep)
+        stacks = self.namer.rows(snapshot, self.keep) if self.namer is not None else None
+        for row in stacks or ():
+            key = fold(row.frames)
+            self.folded[key] = self.folded.get(key, 0) + row.reads
+        if self.ns.folded and snapshot.final:
+            write_folded(self.ns.folded, self.folded)
+        self.all_stacks += stacks or ()
+        if self.ns.pprof and snapshot.final:
+            profile = pprof_export.reads_profile(self.all_stacks, self.targets, self.describe,
+                                                 info.duration_seconds)  # fmt: skip
+            pprof_export.write(self.ns.pprof, profile)
+        meta = common.meta(
+            self.targets,
+            info,
+            snapshot,
+            interval=self.ns.interval,
+            slru=self.slrus,
+            slru_mask=slru_mask(self.slrus),
+            mode="trace" if self.ns.trace else "stacks" if self.ns.stacks else "aggregate",
+            reads=sum(r.reads for r in recs),
+            bytes=sum(r.bytes for r in recs),
+        )
+        meta["slru_stats"] = slru_delta
+        meta["slru_stats_window_s"] = round(self.stats.window_s, 3) if slru_delta else None
+        meta["slru_stats_unavailable"] = self.stats.unavailable
+        meta["open_errors"] = [e.as_json() for e in errors]
+        if stacks is not None:
+            meta["stacks"] = [s.as_json() for s in stacks]
+            meta["reads_without_stack"] = self.namer.unnamed_reads if self.namer else 0
+        if self.ns.json:
+            common.print_json(NAME, meta, [r.as_json() for r in per_file])
+        else:
+            if self.header_printed:
+                print()  # after the trace lines
+            view.print_tables(
+                meta, recs, slru_delta, self.slrus, self.targets, self.stats, self.describe
+            )
+            if stacks is not None:
+                view.print_stacks(stacks, meta["reads"])
+        view.print_open_errors(errors)
+        if snapshot.final:
+            common.print_losses(info)
+            if self.stats.unavailable and self.stats.unavailable != self.warned_unavailable:
+                print(f"pgprobe: warning: {self.stats.unavailable}", file=sys.stderr)
+            if stacks is not None and self.namer is not None:
+                for line in self.namer.symbolizer.stats.warnings():
+                    print(f"pgprobe: warning: {line}", file=sys.stderr)
+
+
+def run(ns: argparse.Namespace) -> int:
+    if ns.interval and ns.interval > ns.duration:
+        raise PgprobeError(
+            f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
+            EXIT_USAGE,
+        )
+    if ns.folded or ns.pprof:
+        ns.stacks = True
+    if ns.pprof:
+        pprof_export.check_writable(ns.pprof)
+    if ns.stacks and ns.trace:
+        raise PgprobeError("--stacks and --trace cannot be combined: choose one", EXIT_USAGE)
+    targets = common.prepare(ns, check_server)
+    slrus = selected_slrus(ns.slru, targets.cluster.major if targets.cluster.version_num else 99)
+    stats = SlruStats.open(targets.cluster)
+    if stats.unavailable:
+        print(f"pgprobe: warning: {stats.unavailable}", file=sys.stderr)
+    session = Session(ns, targets, slrus, stats, StackNamer.start(targets) if ns.stacks else None)
+    session.warned_unavailable = stats.unavailable
+    mode = MODE_TRACE if ns.trace else MODE_STACKS if ns.stacks else MODE_AGGREGATE
+    try:
+        capture = start(ns, targets, slrus, mode, ns.interval)
+        final = _run_capture(session, capture)
+        if final is None:
+            raise common.nothing_kept(capture.info)
+        snapshot, info = final
+        _merge_repeated_warnings(info)
+        # The closing pg_stat_slru read was taken when the probes stopped counting;
+        # without that moment (the tracer died), now.
+        session.emit(snapshot, info, session.closing or stats.delta())
+    finally:
+        stats.close()
+    return 0
+
+
+def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | None:
+    """Stream lines, print interval summaries; return the final snapshot (printed later).
+
+    The final summary waits for the tracer's exit: its stderr then says what
+    was lost, and pg_stat_slru's "after" is read then.
+    """
+    ns = session.ns
+    countdown = common.Countdown(f"SLRU reads of {', '.join(session.slrus)}", ns.duration)
+    attached = False
+    closing: dict[str, dict[str, Any]] | None = None
+
+    def tick(info: RunInfo, remaining: float | None) -> None:
+        # Called right after the chunk of output that made the probes live, or
+        # showed that they stopped counting: the SQL window's edges.
+        nonlocal attached, closing
+        if remaining is not None and not attached:
+            attached = True
+            session.stats.start()
+        if info.stopped_counting and attached and closing is None:
+            closing = session.stats.delta()
+        if session.namer is not None:
+            session.namer.tick()
+        countdown.tick(info, remaining)
+
+    capture.on_tick = tick
+    final: tuple[Snapshot, RunInfo] | None = None
+    # A countdown would be stopped and restarted for every line in trace mode.
+    with countdown if not ns.trace else contextlib.nullcontext(countdown):
+        for event in capture.events():
+            if isinstance(event, Line):
+                with countdown.paused():
+                    session.on_line(event)
+            elif event.final:
+                final = (event, capture.info)
+                session.closing = closing
+            else:
+                with countdown.paused():
+                    session.emit(event, capture.info, session.stats.delta())
+    return final
+
+
+def _merge_repeated_warnings(info: RunInfo) -> None:
+    """A warning repeated per event (a bpf helper failing) is said once, with a count."""
+    counts: dict[str, int] = {}
+    for w in info.warnings:
+        counts[w] = counts.get(w, 0) + 1
+    info.warnings[:] = [f"{w} ({n} times)" if n > 1 else w for w, n in counts.items()]
