@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from helpers import run_pgprobe
 
+from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 
 pytestmark = pytest.mark.integration
 
+Recorder = Callable[[str, str], None]
 NEEDED = ("root", "bpftrace", "btf", "tracepoints", "perf sampling", "uprobes", "usdt",
           "server binary", "usdt probes", "postgresql version", "connection")  # fmt: skip
 
@@ -31,7 +34,7 @@ def test_doctor_here_is_ready_without_kprobes(cluster: PgCluster, tracing: None)
     # This kernel has no kprobes (CONFIG_KPROBES off): said, but it blocks nothing.
     assert checks["kprobes"]["status"] == "info"
     assert "unavailable" in checks["kprobes"]["detail"]
-    assert doc["meta"] == {"ready": True, "blocked_tools": []}
+    assert doc["meta"] == {"ready": True, "blocked_tools": [], "partial_tools": []}
     assert code == 0
 
 
@@ -51,3 +54,33 @@ def test_doctor_table_names_the_blocked_tools(cluster: PgCluster, tmp_path: Path
     assert done.returncode != 0
     assert "bpftrace not found" in done.stdout
     assert done.stdout.strip().splitlines()[-1].startswith("not ready: these tools cannot run")
+
+
+def test_doctor_says_what_runs_on_each_build(
+    pg_build: PgBuild, build_cluster: PgCluster, tracing: None, tested_on: Recorder
+) -> None:
+    """Per build: the probes, frame pointers and symbols it has, and what runs in part."""
+    code, doc = doctor(build_cluster)
+    checks = {row["check"]: row for row in doc["rows"]}
+    assert checks["postgresql version"]["detail"].startswith(pg_build.version)
+    assert (checks["usdt probes"]["status"] == "ok") == pg_build.has_usdt
+    assert (checks["frame pointers"]["status"] == "ok") == pg_build.frame_pointers
+    assert (checks["symbols"]["status"] == "ok") == (not pg_build.stripped)
+    if pg_build.has_usdt:
+        assert doc["meta"] == {"ready": True, "blocked_tools": [], "partial_tools": []}
+        assert code == 0
+        tested_on("doctor", "ready")
+        return
+    assert doc["meta"] == {
+        "ready": False,
+        "blocked_tools": ["lwlocks"],
+        "partial_tools": ["triage"],
+    }
+    assert code == 1
+    done = run_pgprobe(["doctor", *build_cluster.conn_args])
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == (
+        "ready in part: runs here: clog-reads, flame, hot; triage without its LWLock table; "
+        "cannot run: lwlocks"
+    ), last
+    tested_on("doctor", "ready in part (no lwlocks)")

@@ -9,12 +9,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from helpers import run_pgprobe
 
+from pgprobe.errors import EXIT_ENV
+from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 
 pytestmark = pytest.mark.integration
@@ -199,3 +201,28 @@ def test_sigterm_also_prints_what_was_collected(load: PgCluster) -> None:
     assert child.returncode == 0, err
     assert "interrupted" in out.splitlines()[0]
     assert "TRANCHE" in out
+
+
+def test_lwlocks_on_each_build(
+    pg_build: PgBuild,
+    build_cluster: PgCluster,
+    tracing: None,
+    tested_on: Callable[[str, str], None],
+) -> None:
+    """With USDT probes: a capture (the checks against pg_stat_activity run on the ONCE
+    build above). Without: one short line naming what is missing and what still works."""
+    done = run_pgprobe(["lwlocks", *build_cluster.conn_args, "-d", "1", "--json"])
+    if pg_build.has_usdt:
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["tool"] == "lwlocks"
+        tested_on("lwlocks", "yes")
+        return
+    assert done.returncode == EXIT_ENV and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
+    assert f"lwlocks needs USDT probes: {pg_build.postgres} has none" in line
+    assert "(built without --enable-dtrace)" in line
+    assert "still works: clog-reads, flame, hot, triage without its LWLock table" in line
+    assert line.count(str(pg_build.postgres)) == 1 and len(line) < 150 + len(str(pg_build.postgres))
+    tested_on("lwlocks", "refused: no USDT probes")

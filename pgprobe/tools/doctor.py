@@ -33,15 +33,17 @@ NEEDS = {
     "root": TRACING,
     "bpftrace": TRACING,
     "uprobes": ("lwlocks", "triage"),
-    "usdt": ("lwlocks", "triage"),
+    "usdt": ("lwlocks",),
     "tracepoints": ("clog-reads", "triage"),
     "btf": TRACING,  # the scripts find a cluster's processes through curtask->real_parent
     "perf sampling": ("flame", "hot", "triage"),
     "server binary": TRACING,
-    "usdt probes": ("lwlocks", "triage"),
+    "usdt probes": ("lwlocks",),
     "postgresql version": ("lwlocks", "triage"),
     "connection": ("triage",),
 }
+# A tool that still runs, with a part left out, when another tool cannot run.
+IN_PART = {"triage": ("lwlocks", "without its LWLock table")}
 MIN_BPFTRACE = (0, 12)
 CAP_PERFMON, CAP_BPF = 38, 39
 
@@ -71,15 +73,30 @@ def add_parser(sub: Any) -> None:
 def run(ns: argparse.Namespace) -> int:
     checks = diagnose(common.conn_options(ns))
     blocked = sorted({tool for c in checks if c.status == "fail" for tool in c.affects})
+    partial = {
+        t: why for t, (needs, why) in IN_PART.items() if needs in blocked and t not in blocked
+    }
     if ns.json:
-        meta = {"ready": not blocked, "blocked_tools": blocked}
+        meta = {"ready": not blocked, "blocked_tools": blocked, "partial_tools": sorted(partial)}
         print(json.dumps({"tool": NAME, "meta": meta, "rows": [asdict(c) for c in checks]}))
     else:
-        render(checks, blocked)
+        render(checks, blocked, partial)
     return EXIT_NOT_READY if blocked else 0
 
 
-def render(checks: list[Check], blocked: list[str]) -> None:
+def verdict(blocked: list[str], partial: dict[str, str]) -> str:
+    """One line: what runs here, what runs in part, what cannot run."""
+    if not blocked:
+        return "ready: every pgprobe tool can run here"
+    runs = [t for t in TRACING if t not in blocked and t not in partial]
+    if not runs and not partial:
+        return f"not ready: these tools cannot run here: {', '.join(blocked)}"
+    said = [f"runs here: {', '.join(runs)}"] if runs else []
+    said += [f"{tool} {why}" for tool, why in partial.items()]
+    return f"ready in part: {'; '.join(said)}; cannot run: {', '.join(blocked)}"
+
+
+def render(checks: list[Check], blocked: list[str], partial: dict[str, str]) -> None:
     columns = [
         table.Column("status", "STATUS"),
         table.Column("check", "CHECK"),
@@ -91,10 +108,7 @@ def render(checks: list[Check], blocked: list[str]) -> None:
         for c in checks
     ]
     table.render("pgprobe doctor", columns, rows)
-    if blocked:
-        print(f"not ready: these tools cannot run here: {', '.join(blocked)}")
-    else:
-        print("ready: every pgprobe tool can run here")
+    print(verdict(blocked, partial))
 
 
 def diagnose(opts: discover.ConnOptions) -> list[Check]:
