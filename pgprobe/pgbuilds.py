@@ -71,7 +71,7 @@ class PgBuild:
         return _elf_facts(str(self.postgres))[1]
 
     def describe(self) -> str:
-        """One line: "15-debian: PostgreSQL 15.14 (Debian package; USDT, frame pointers, stripped)"."""
+        """One line: "15-debian: PostgreSQL 15.18 (Debian package; USDT, frame pointers, ...)"."""
         traits = [
             "USDT" if self.has_usdt else "no USDT",
             "frame pointers" if self.frame_pointers else "no frame pointers",

@@ -57,3 +57,22 @@ def same_wait_event(a: str, b: str) -> bool:
     """Wait event names compared across versions: 17 changed the case of many
     (IO:WALSync became IO:WalSync, IO:WALWrite IO:WalWrite), so compare without case."""
     return a.casefold() == b.casefold()
+
+
+# IO wait events that mean "waiting for a data file page to be read": 18's asynchronous I/O
+# adds AioIoCompletion (the backend waits while an io worker, or io_uring, reads for it).
+_DATA_FILE_READ_EVENTS = frozenset({"datafileread", "datafileprefetch", "aioiocompletion"})
+
+
+def is_data_file_read_wait(event: str) -> bool:
+    """An IO wait event for data file reads (IO:DataFileRead; 18: IO:AioIoCompletion)."""
+    return event.casefold() in _DATA_FILE_READ_EVENTS
+
+
+def is_wal_io_wait(event: str) -> bool:
+    """An IO wait event on WAL files: IO:WALSync before 17, IO:WalSync from 17."""
+    return event.casefold().startswith("wal")
+
+
+# Backend types that write dirty buffers in the background (pg_stat_io.backend_type).
+BACKGROUND_WRITERS = frozenset({"checkpointer", "background writer"})
