@@ -13,6 +13,7 @@ import pytest
 import slru_workload
 from helpers import cluster_for, run_pgprobe
 
+from pgprobe import pgversions
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 
@@ -101,6 +102,18 @@ def test_every_section_has_real_data(
     assert doc["stats"]["database"]["xact_commit"] > 0
     stat_xact = {r["slru"]: r for r in doc["stats"]["slru"]}["pg_xact"]
     assert stat_xact["blks_read"] > 0  # PostgreSQL saw the misses too
+    # Each version's views: pg_stat_checkpointer 17+, pg_stat_io 16+ (18: io workers).
+    version = meta["postgres_version_num"]
+    stats = doc["stats"]
+    assert (stats["checkpointer"] is not None) == pgversions.has_pg_stat_checkpointer(version)
+    assert (stats["io"] is not None) == pgversions.has_pg_stat_io(version)
+    if stats["io"] is not None:
+        assert stats["io"]["client backend"] > 0  # 128kB of shared_buffers: backends evict
+        assert ("io worker" in stats["io"]) == pgversions.has_io_workers(version)
+    # 128kB of shared_buffers under pgbench: backends write their own dirty buffers, which
+    # the finding reads from pg_stat_bgwriter before 17 and from pg_stat_io after.
+    ids = [f["id"] for f in doc["findings"]]
+    assert "stats.backend-writes" in ids, ids
     tested_on("triage", "yes" if pg_build.has_usdt else "yes, without the LWLock table")
 
 
