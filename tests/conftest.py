@@ -33,7 +33,8 @@ Fixtures for other tests:
 - tested_on(tool, verdict): record what the test showed for the README's
   "Tested on" table (see tests/tested_on.py).
 PGPROBE_PG_BINDIR is set to the ONCE build's bin dir for the session, so
-code that asks sandbox.pg_bindir() gets that build.
+code that asks sandbox.pg_bindir() gets that build; set by the caller (and no
+--pg), it selects that one build, as before the matrix.
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "once: run on the ONCE build only, not on every build")
+    spec = config.getoption("--pg")
+    if not spec and os.environ.get("PGPROBE_PG_BINDIR"):
+        spec = os.environ["PGPROBE_PG_BINDIR"]  # the one build asked for the old way
     try:
-        builds = select(config.getoption("--pg"))
+        builds = select(spec)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_BUILDS] = builds
