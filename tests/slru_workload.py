@@ -76,6 +76,7 @@ from typing import Any
 
 import psycopg
 
+from pgprobe import pgversions
 from pgprobe.pgstats import SLRU_DIRS
 
 BLCKSZ = 8192
@@ -163,7 +164,7 @@ def _setting(conn: psycopg.Connection[Any], name: str) -> int:
 
 def xact_buffers(conn: psycopg.Connection[Any]) -> int:
     """The number of pg_xact buffers of the server (CLOGShmemBuffers())."""
-    if conn.info.server_version >= 170000:
+    if pgversions.has_transaction_buffers(conn.info.server_version):
         # transaction_buffers = 0 (auto) shows the value the server computed
         return _setting(conn, "transaction_buffers")
     nbuffers = _setting(conn, "shared_buffers")  # in 8 kB blocks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import run_pgprobe
+from helpers import bpftrace_child, perf_event_fds, run_pgprobe
 
 from pgprobe.errors import EXIT_ENV
 from pgprobe.pgbuilds import PgBuild
@@ -171,6 +172,18 @@ def test_lwlocks_pid_without_connection_uses_proc(load: PgCluster) -> None:
     assert doc["rows"]
 
 
+def wait_attached(child: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Until pgprobe's bpftrace holds its perf events (a fixed sleep is too short when the
+    machine is loaded: SIGINT then lands before the probes attach)."""
+    wanted = (os.cpu_count() or 1) + 1
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and child.poll() is None:
+        pid = bpftrace_child(child.pid)
+        if pid is not None and perf_event_fds(pid) >= wanted:
+            return
+        time.sleep(0.05)
+
+
 def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
     child = subprocess.Popen(
         [sys.executable, "-m", "pgprobe", "lwlocks", *load.conn_args, "-d", "60", "--json"],
@@ -178,7 +191,8 @@ def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    wait_attached(child)
+    time.sleep(2)  # some waits to collect
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
