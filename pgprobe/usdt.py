@@ -13,7 +13,7 @@ from pgprobe.errors import EXIT_ENV, PgprobeError
 
 PROVIDER = "postgresql"
 # lwlocks is the one tool that needs USDT probes; what a DBA can still use without them.
-STILL_WORKS = "clog-reads, flame, hot, triage without its LWLock table"
+STILL_WORKS = "waits, clog-reads, flame, hot, triage without its LWLock table"
 
 
 @lru_cache(maxsize=8)

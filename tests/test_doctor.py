@@ -80,7 +80,7 @@ def test_doctor_says_what_runs_on_each_build(
     done = run_pgprobe(["doctor", *build_cluster.conn_args])
     last = done.stdout.strip().splitlines()[-1]
     assert last == (
-        "ready in part: runs here: clog-reads, flame, hot; triage without its LWLock table; "
+        "ready in part: runs here: clog-reads, flame, hot, waits; triage without its LWLock table; "
         "cannot run: lwlocks"
     ), last
     tested_on("doctor", "ready in part (no lwlocks)")

@@ -663,7 +663,8 @@ def test_capture_sections_variant_no_usdt_probes_says_what_is_left() -> None:
     doc["lwlocks"] = None
     doc["meta"]["warnings"].append(
         "lwlocks left out: lwlocks needs USDT probes: /x/postgres has none (built without "
-        "--enable-dtrace); still works: clog-reads, flame, hot, triage without its LWLock table"
+        "--enable-dtrace); still works: waits, clog-reads, flame, hot, triage without its "
+        "LWLock table"
     )
     for p in doc["activity"]["wait_profile"]:
         if p["wait_event_type"] == "Lock":

@@ -28,13 +28,13 @@ NAME = "doctor"
 EXIT_NOT_READY = 1
 
 # What each tool needs; a failed check lists the tools it stops.
-TRACING = ("lwlocks", "clog-reads", "flame", "hot", "triage")
+TRACING = ("lwlocks", "clog-reads", "flame", "hot", "triage", "waits")
 NEEDS = {
     "root": TRACING,
     "bpftrace": TRACING,
     "uprobes": ("lwlocks", "triage"),
     "usdt": ("lwlocks",),
-    "tracepoints": ("clog-reads", "triage"),
+    "tracepoints": ("clog-reads", "triage", "waits"),
     "btf": TRACING,  # the scripts find a cluster's processes through curtask->real_parent
     "perf sampling": ("flame", "hot", "triage"),
     "server binary": TRACING,
