@@ -2,8 +2,10 @@
 
 During a run (conftest.py hooks): a test parametrized by `pg_build` calls
 tested_on(tool, verdict) with what it showed on that build ("exact",
-"refused: no USDT probes"); when the test passes the verdict goes into the
-matrix, when it fails the cell says FAILED. At the end of the session, with
+"refused: no USDT probes"), usually as its last step; when the test passes the
+verdict goes into the matrix, when it fails after recording the cell says
+FAILED, before recording "not run" (and the run has failed anyway, so CI stops
+before the README check). At the end of the session, with
 PGPROBE_TESTED_ON=FILE set (.ci/run sets it), the matrix is written to FILE
 as JSON: the builds (version, source, probes, symbols, frame pointers) and
 the cells. The terminal summary also prints the time spent per build.
