@@ -422,7 +422,7 @@ def test_flame_and_hot_name_the_leaves_on_each_build(
         pid = conn.info.backend_pid
         hz = 997
         probe = start_pgprobe("flame", *build_cluster.conn_args, "--pid", str(pid), "-F",
-                              str(hz), "-d", "60", "--folded")  # fmt: skip
+                              str(hz), "-d", "60", "--folded", *FP)  # fmt: skip
         wait_sampling(probe)
         before = cpu_seconds(pid)
         run_query(build_cluster, conn, pid, 2.0)
@@ -457,7 +457,7 @@ def test_flame_and_hot_name_the_leaves_on_each_build(
         thread.start()
         time.sleep(0.3)
         done = run_pgprobe(["hot", *build_cluster.conn_args, "--pid", str(pid), "-d", "2",
-                            "--json"])  # fmt: skip
+                            "--json", *FP])  # fmt: skip
         thread.join(60)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
