@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +43,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, *ne
         (["lwlocks", "--pid", "99999999"], "not a valid pid"),
         (["lwlocks", "--by", "tranche"], "invalid choice"),
         (["lwlocks", "--bogus"], "unrecognized arguments"),
+        (["lwlocks", "--source", "perf"], "invalid choice"),
         (["nosuchtool"], "invalid choice"),
         (["lwlocks", "-p", "http"], "not a whole number"),
     ],
@@ -122,15 +124,21 @@ def test_filters_that_match_nothing(cluster: PgCluster, tracing: None) -> None:
 
 
 def test_server_without_usdt_probes(tracing: None) -> None:
-    """A real server whose binary lost its probe notes: pgprobe names the missing probe."""
+    """A real server whose binary lost its probe notes.
+
+    lwlocks falls back to sleeps from the scheduler and says so; asked for the
+    probes (--source usdt), it names the missing probe.
+    """
     need(shutil.which("objcopy") is not None, "objcopy (binutils) is needed to strip the notes")
     with tempfile.TemporaryDirectory(prefix="pgprobe-noprobes-") as tmp:
         binary = _postgres_without_probes(Path(tmp))
         with PgCluster(name="pgprobe-noprobes", postgres_binary=binary) as pg:
-            done = run_pgprobe(["lwlocks", *pg.conn_args, "-d", "1"])
-    assert_one_line_error(
-        done, EXIT_ENV, "built without --enable-dtrace", "still works: waits, clog-reads"
-    )
+            fallback = run_pgprobe(["lwlocks", *pg.conn_args, "-d", "1", "--json"])
+            done = run_pgprobe(["lwlocks", *pg.conn_args, "-d", "1", "--source", "usdt"])
+    assert fallback.returncode == 0, fallback.stderr
+    assert "has no LWLock USDT probes: showing LWLock sleeps" in fallback.stderr
+    assert json.loads(fallback.stdout)["meta"]["source"] == "sched_switch"
+    assert_one_line_error(done, EXIT_ENV, "built without --enable-dtrace", "still works: waits")
 
 
 def _postgres_without_probes(tmp: Path) -> Path:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+import zipfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import pytest
+from helpers import CHECKOUT
 
 from pgprobe.render.flamegraph import (
     MODULE_LABELS,
@@ -17,6 +22,7 @@ from pgprobe.render.flamegraph import (
     StacksInput,
     classify_frame,
     parse_folded,
+    read_folded,
     render_speedscope,
     render_svg,
     strip_offset,
@@ -215,6 +221,35 @@ def test_self_contained() -> None:
     assert "<script>" in svg and "<style>" in svg
 
 
+def test_page_code_is_package_data_inlined_verbatim() -> None:
+    """flamegraph.css and flamegraph.js are read through importlib.resources (as from an
+    installed wheel) and land in the SVG as they are, the script whole in its CDATA section."""
+    package = resources.files("pgprobe.render.flamegraph")
+    css = package.joinpath("flamegraph.css").read_text(encoding="utf-8")
+    js = package.joinpath("flamegraph.js").read_text(encoding="utf-8")
+    assert "function zoomTo(" in js and "#frames text" in css
+    assert "]]>" not in js
+    svg = render_svg(HAND)
+    assert f"<style>\n{css}</style>" in svg
+    assert svg.count("<![CDATA[") == 1 and f"\n{js}]]></script>" in svg
+
+
+def test_wheel_carries_the_page_code(tmp_path: Path) -> None:
+    """The wheel (as `pip wheel` builds it) holds the .css/.js beside the modules."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), str(CHECKOUT)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("pgprobe-*.whl")
+    package = resources.files("pgprobe.render.flamegraph")
+    with zipfile.ZipFile(wheel) as zf:
+        for name in ("flamegraph.css", "flamegraph.js"):
+            shipped = zf.read(f"pgprobe/render/flamegraph/{name}")
+            assert shipped == package.joinpath(name).read_bytes()
+
+
 def test_colours_by_module_and_deterministic() -> None:
     text = (
         "postgres;PostgresMain;ExecScan;pread64_[k];vfs_read_[k] 5\n"
@@ -334,6 +369,31 @@ def test_parse_folded_variants() -> None:
     }
     # lines, as from a file
     assert parse_folded(text.splitlines(keepends=True)) == got
+
+
+def test_read_folded_counts_the_lines_it_skips() -> None:
+    text = (
+        "Attaching 2 probes...\n"  # bpftrace's banner: not a bad line
+        "# comment\n"
+        "\n"
+        "a;b 3\n"
+        "not a stack\n"  # line 5: the first bad one
+        " 9\n"  # a count without frames
+        "a;c -2\n"  # a negative count
+        "a;zero 0\n"  # a stack that weighs nothing: fine
+        "@count: 12\n"  # a bpftrace map that is not a stack
+        "@[\n"  # line 10: never closed
+        "    f+1\n"
+    )
+    profile = read_folded(text)
+    assert profile.stacks() == parse_folded(text) == {("a", "b"): 3}
+    assert profile.samples == 3
+    assert (profile.skipped.lines, profile.skipped.first_line) == (5, 5)
+    clean = read_folded("a;b 1\n@[\n  g\n]: 2\n")
+    assert (clean.skipped.lines, clean.skipped.first_line) == (0, 0)
+    # the renderer takes the profile itself, as it takes the text
+    assert render_svg(profile) == render_svg(text)
+    assert render_speedscope({"p": profile}) == render_speedscope({"p": text})
 
 
 def test_parse_folded_bpftrace_multiline() -> None:

@@ -97,12 +97,8 @@ KNOWN_EXCEPTIONS = {
     ("pgprobe.tools.backends", "pgprobe.render.table"),
     ("pgprobe.tools.clog_reads", "pgprobe.render.table"),
     ("pgprobe.tools.doctor", "pgprobe.render.table"),
-    ("pgprobe.tools.hot", "pgprobe.render.table"),
     ("pgprobe.tools.lwlocks", "pgprobe.render.table"),
-    # issue 12: flame's command writes SVG/speedscope/pprof output until it has a
-    # view/command split; clog-reads writes pprof the same way (--pprof)
-    ("pgprobe.tools.flame", "pgprobe.render.flamegraph"),
-    ("pgprobe.tools.flame", "pgprobe.tools.pprof_export"),
+    # issue 12: clog-reads writes pprof (--pprof) from its single module until it is split
     ("pgprobe.tools.clog_reads", "pgprobe.tools.pprof_export"),
     # issue 12: triage's command evaluates the findings and writes the report (its
     # command.py, in the cli layer, may)

@@ -3,6 +3,16 @@
 The kernel times every wait and keeps, per (pid, tranche, mode), the count, the
 total, the max and a log2 histogram; this module turns those into rows sorted
 by total wait time, with percentiles estimated from the histogram.
+
+On a build without USDT probes (or with --source sched) it falls back to
+`pgprobe waits`' capture (bpf/waits.bt, PostgreSQL 14+): the LWLock-class
+entries of its per-(pid, wait_event_info) sleeps, in the same rows. Those are
+sleeps (switch-out to wakeup), not waits: a wait also spins and queues before
+it sleeps and runs again after its wakeup, so the sleep time is a bit lower;
+the mode is unknown. The title and meta.source say which one was measured.
+
+(A little over 400 lines: both sources share the records, rows and table here;
+the split into a tools/lwlocks/ package of issue 12 is a move of its own.)
 """
 
 from __future__ import annotations
@@ -15,12 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgprobe import histogram, usdt
+from pgprobe import histogram, usdt, waitevents
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture, KeyKind, Log2Hist, MapSpec, RunInfo, Snapshot, Stats
 from pgprobe.errors import EXIT_ENV, EXIT_USAGE, PgprobeError
 from pgprobe.render import table
 from pgprobe.tools import common
+from pgprobe.tools.waits import probe as waits_probe
+from pgprobe.tools.waits import records as waits_records
+from pgprobe.waitevents import address
 
 NAME = "lwlocks"
 SCRIPT = "lwlock_wait"  # bpf/lwlock_wait.bt, d/lwlock_wait.d
@@ -37,6 +50,9 @@ MAPS = (
 # Unfinished waits beyond this and beyond 5 % of the waits: the done probe missed some.
 UNFINISHED_MIN = 10
 UNFINISHED_SHARE = 0.05
+# Where the figures come from: the LWLock wait probes, or the scheduler (sleeps).
+USDT, SCHED = "usdt", "sched_switch"
+SLEEPS_TITLE = "LWLock sleeps (from the scheduler: sleeps, not waits; mode unknown)"
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,42 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="print a fresh table every N seconds until the duration ends",
     )
+    parser.add_argument(
+        "--source",
+        choices=["auto", "usdt", "sched"],
+        default="auto",
+        help="usdt: time each wait with the LWLock probes (a build with --enable-dtrace); "
+        "sched: time each sleep in an LWLock from the scheduler (any 14+ build; sleeps, "
+        "not waits; mode unknown); auto (default): usdt when the server has the probes",
+    )
     parser.set_defaults(run=run)
+
+
+def pick_source(ns: argparse.Namespace, targets: Targets) -> str:
+    """USDT or SCHED for this server, as asked (--source) or as available (auto)."""
+    cluster = targets.cluster
+    wanted = getattr(ns, "source", "auto")
+    if wanted == "auto":
+        present = usdt.probe_names(cluster.binary)
+        with_probes = all((usdt.PROVIDER, name) in present for name in PROBES)
+        old = bool(cluster.version_num) and cluster.major < min(waitevents.MAJORS)
+        wanted = "usdt" if with_probes or old else "sched"
+        if wanted == "sched":
+            print(
+                f"pgprobe: note: {cluster.binary} has no LWLock USDT probes: showing LWLock "
+                "sleeps from the scheduler instead (sleeps, not waits; mode unknown)",
+                file=sys.stderr,
+            )
+    if wanted == "usdt":
+        check_server(targets)
+        return USDT
+    if getattr(ns, "engine", "auto") == "dtrace":
+        raise PgprobeError(
+            "lwlocks --source sched needs bpftrace (no DTrace twin of bpf/waits.bt yet)",
+            EXIT_USAGE,
+        )
+    waits_probe.check_server(targets)
+    return SCHED
 
 
 def check_server(targets: Targets) -> None:
@@ -160,6 +211,17 @@ def unmatched_warning(snapshot: Snapshot) -> str | None:
     )
 
 
+def sleeps_warning(snapshot: Snapshot) -> str | None:
+    """Scheduler events bpf/waits.bt knows it missed (the sleeps' figures are short)."""
+    lost = waits_records.unseen(snapshot)
+    if not any(lost.values()):
+        return None
+    return (
+        f"scheduler events lost: {lost['switch_in']} switch-ins and {lost['wakeup']} "
+        "wakeups (those sleeps are missing or include their runqueue time)"
+    )
+
+
 def records(snapshot: Snapshot) -> list[WaitRecord]:
     stats, maxes, hists = (snapshot.get(m.name) for m in MAPS[:3])
     out = []
@@ -171,6 +233,33 @@ def records(snapshot: Snapshot) -> list[WaitRecord]:
         assert isinstance(max_ns, int) and isinstance(hist, Log2Hist)
         assert isinstance(pid, int) and isinstance(tranche, str) and isinstance(mode, str)
         out.append(WaitRecord(pid, tranche, mode, value.count, value.total, max_ns, hist))
+    return out
+
+
+def sleep_records(snapshot: Snapshot, major: int, clipped: bool) -> list[WaitRecord]:
+    """The LWLock-class sleeps of a bpf/waits.bt snapshot, as WaitRecords (mode unknown).
+
+    waits = complete sleeps (the histogram's count); total = the sleep time
+    charged in the window; max = the top bound of the highest histogram
+    bucket (waits.bt keeps no exact max): an upper bound within 2x, and at
+    most the total unless `clipped` (with --interval a sleep that began in an
+    earlier window is longer than the time charged to this one).
+    """
+    classes = waitevents.table(major)["classes"]
+    lwlock_class = next(int(c) for c, name in classes.items() if name == "LWLock")
+    hists = snapshot.get("wait_hist")
+    out = []
+    for key, total in snapshot.get("wait_ns").items():
+        tid, wei = key
+        assert isinstance(tid, int) and isinstance(wei, int) and isinstance(total, int)
+        if wei >> 24 != lwlock_class:
+            continue
+        hist = hists.get(key, Log2Hist(()))
+        assert isinstance(hist, Log2Hist)
+        top = max((high for _, high, count in hist.buckets if count), default=0)
+        top = top if clipped else min(top, total)
+        tranche = waitevents.name(major, wei)[1]
+        out.append(WaitRecord(tid, tranche, "unknown", hist.count, total, top, hist))
     return out
 
 
@@ -247,6 +336,14 @@ def table_cells(row: WaitRow) -> dict[str, str]:
     return cells
 
 
+def start_sleeps(ns: argparse.Namespace, targets: Targets, interval: int | None) -> Capture:
+    """bpf/waits.bt for the targets (the SCHED source), ready to run."""
+    cluster = targets.cluster
+    where = address.find(cluster.postmaster_pid, cluster.binary)
+    args = waits_probe.script_args(targets, where, interval)
+    return common.capture(ns, waits_probe.SCRIPT, args, waits_probe.MAPS, env=waits_probe.ENV)
+
+
 def start(ns: argparse.Namespace, targets: Targets, by_pid: bool, interval: int | None) -> Capture:
     """lwlock_wait for the targets, ready to run (iterate its events)."""
     return common.capture(
@@ -266,12 +363,22 @@ def run(ns: argparse.Namespace) -> int:
             f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
             EXIT_USAGE,
         )
-    targets = common.prepare(ns, check_server)
-    capture = start(ns, targets, by_pid, ns.interval)
-    for snapshot, info in common.snapshots(capture, ns, "LWLock waits"):
+    sources: list[str] = []
+    targets = common.prepare(ns, lambda t: sources.append(pick_source(ns, t)))
+    source = sources[0]
+    if source == SCHED:
+        capture = start_sleeps(ns, targets, ns.interval)
+    else:
+        capture = start(ns, targets, by_pid, ns.interval)
+    what = "LWLock sleeps" if source == SCHED else "LWLock waits"
+    for snapshot, info in common.snapshots(capture, ns, what):
         common.refresh_if_needed(targets, by_pid and snapshot.final)
-        result = rows(records(snapshot), targets, by_pid)
-        emit(ns, result, snapshot, info, targets, by_pid)
+        if source == SCHED:
+            recs = sleep_records(snapshot, targets.cluster.major, bool(ns.interval))
+        else:
+            recs = records(snapshot)
+        result = rows(recs, targets, by_pid)
+        emit(ns, result, snapshot, info, targets, by_pid, source)
     return 0
 
 
@@ -282,19 +389,24 @@ def emit(
     info: RunInfo,
     targets: Targets,
     by_pid: bool,
+    source: str = USDT,
 ) -> None:
-    unmatched = unmatched_warning(snapshot)
-    if unmatched and unmatched not in info.warnings:
-        info.warnings.append(unmatched)
-    meta = common.meta(targets, info, snapshot, interval=ns.interval)
+    warning = unmatched_warning(snapshot) if source == USDT else sleeps_warning(snapshot)
+    if warning and warning not in info.warnings:
+        info.warnings.append(warning)
+    extra: dict[str, Any] = {"source": source}
+    if source == SCHED:
+        extra.update(measures="sleeps", mode="unknown", title=SLEEPS_TITLE)
+    meta = common.meta(targets, info, snapshot, interval=ns.interval, **extra)
     if ns.json:
         common.print_json(NAME, meta, [r.as_json() for r in result])
         if info.ended_early and snapshot.final:  # meta says it too; a script's log should
             common.print_losses(RunInfo(ended_early=info.ended_early))
         return
     columns = (PID_COLUMNS if by_pid else []) + COLUMNS
-    title = common.title("LWLock waits", meta)
-    empty = f"no LWLock waits in {meta['duration_s']:.1f} s" + (
+    title = common.title(SLEEPS_TITLE if source == SCHED else "LWLock waits", meta)
+    noun = "sleeps" if source == SCHED else "waits"
+    empty = f"no LWLock {noun} in {meta['duration_s']:.1f} s" + (
         " (nothing contended, or the targets were idle)" if not ns.interval else ""
     )
     table.render(title, columns, [table_cells(r) for r in result], empty=empty)
