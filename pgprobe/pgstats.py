@@ -57,6 +57,7 @@ class Counters:
     bgwriter: dict[str, float] = field(default_factory=dict)
     checkpointer: dict[str, float] | None = None
     wal: dict[str, float] | None = None
+    io: dict[str, float] | None = None  # pg_stat_io (16+): relation writes per backend type
     slru: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (hit, read)
     statements: dict[tuple[Any, ...], dict[str, Any]] | None = None
     # pg_postmaster_start_time(): counters of two server lives cannot be subtracted.
@@ -83,8 +84,24 @@ def read_counters(conn: Any) -> Counters:
         if _relation_exists(cur, "pg_stat_slru"):
             cur.execute("SELECT name, blks_hit, blks_read FROM pg_stat_slru")
             counters.slru = {str(n): (int(h), int(r)) for n, h, r in cur.fetchall()}
+        counters.io = _io_writes(cur)
         counters.statements = _statements(cur)
     return counters
+
+
+def _io_writes(cur: Any) -> dict[str, float] | None:
+    """pg_stat_io (16+): buffer writes of relations per backend type, or None before 16.
+
+    17 took buffers_backend out of pg_stat_bgwriter: this is where backends' own writes
+    are counted now. `writes` counts on 16-18 (18 adds write_bytes, drops op_bytes).
+    """
+    if not _relation_exists(cur, "pg_stat_io"):
+        return None
+    cur.execute(
+        "SELECT backend_type, coalesce(sum(writes), 0) FROM pg_stat_io "
+        "WHERE object = 'relation' GROUP BY backend_type"
+    )
+    return {str(kind): float(n) for kind, n in cur.fetchall()}
 
 
 def _relation_exists(cur: Any, name: str) -> bool:
@@ -136,6 +153,7 @@ def deltas(before: Counters, after: Counters) -> dict[str, Any]:
         "bgwriter": _diff(before.bgwriter, after.bgwriter),
         "checkpointer": _diff(before.checkpointer, after.checkpointer),
         "wal": _diff(before.wal, after.wal),
+        "io": _diff(before.io, after.io),
         "slru": slru_deltas(before.slru, after.slru),
         "statements": _statement_deltas(before.statements, after.statements),
     }

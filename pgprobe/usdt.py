@@ -12,6 +12,8 @@ from pathlib import Path
 from pgprobe.errors import EXIT_ENV, PgprobeError
 
 PROVIDER = "postgresql"
+# lwlocks is the one tool that needs USDT probes; what a DBA can still use without them.
+STILL_WORKS = "waits, clog-reads, flame, hot, triage without its LWLock table"
 
 
 @lru_cache(maxsize=8)
@@ -47,10 +49,13 @@ def require(binary: str, names: tuple[str, ...]) -> None:
     present = probe_names(binary)
     for name in names:
         if (PROVIDER, name) not in present:
-            detail = "it has no USDT probes at all" if not present else f"probe {name} is missing"
+            missing = (
+                "has none (built without --enable-dtrace)"
+                if not present
+                else f"lacks {PROVIDER}:{name}"
+            )
             raise PgprobeError(
-                f"PostgreSQL server {binary} was built without --enable-dtrace ({detail}: "
-                f"usdt:{binary}:{PROVIDER}:{name}); install a build with probes",
+                f"lwlocks needs USDT probes: {binary} {missing}; still works: {STILL_WORKS}",
                 EXIT_ENV,
             )
 

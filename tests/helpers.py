@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from pgprobe.pgbuilds import PgBuild
+from pgprobe.sandbox import PgCluster
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -90,3 +93,10 @@ def load_triage(name: str) -> dict[str, Any]:
     """A fresh copy of a recorded triage document (tests may edit it)."""
     doc: dict[str, Any] = json.loads(_recorded_triage(name))
     return doc
+
+
+def cluster_for(
+    build: PgBuild, settings: dict[str, str] | None = None, name: str = "pgprobe-test"
+) -> PgCluster:
+    """A throwaway cluster of one build, not started: `with cluster_for(build, {...}) as pg:`."""
+    return PgCluster(settings=settings, name=f"{name}-{build.id}", bindir=build.bindir)

@@ -61,9 +61,9 @@ PostgreSQL 13+; the tracer runs on conn.info.backend_pid over the window):
             lookups = provoke_subtrans_reads(conn, holder)
             after = slru_stats(conn)
             # stop bpftrace here
-        delta = slru_delta(before, after)  # {"Xact": (hits, reads), "Subtrans": ...}
-        # probe reads of pg_xact/* by conn's pid == delta["Xact"][1] >= len(xids)
-        # probe reads of pg_subtrans/* == delta["Subtrans"][1]; sum(delta["Subtrans"]) == lookups
+        delta = slru_delta(before, after)  # {"pg_xact": (hits, reads), "pg_subtrans": ...}
+        # probe reads of pg_xact/* by conn's pid == delta["pg_xact"][1] >= len(xids)
+        # probe reads of pg_subtrans/* == delta[SUBTRANS][1]; sum(delta[SUBTRANS]) == lookups
 """
 
 from __future__ import annotations
@@ -76,14 +76,18 @@ from typing import Any
 
 import psycopg
 
+from pgprobe import pgversions
+from pgprobe.pgstats import SLRU_DIRS
+
 BLCKSZ = 8192
 # pg_xact keeps 2 status bits per xid: 4 xids a byte, 32768 per 8 kB page.
 XACT_PAGE_XIDS = BLCKSZ * 4
 # pg_subtrans keeps the 4-byte parent xid of each xid: 2048 per page.
 SUBTRANS_PAGE_XIDS = BLCKSZ // 4
-# SLRU names in pg_stat_slru.
-XACT = "Xact"
-SUBTRANS = "Subtrans"
+# SLRUs by directory: slru_stats() keys pg_stat_slru's rows so on every version
+# (17 renamed the rows: "Xact" became "transaction"; pgversions.slru_stat_name).
+XACT = "pg_xact"
+SUBTRANS = "pg_subtrans"
 
 
 # postgresql.conf settings under which these workloads miss, and the cluster
@@ -160,7 +164,7 @@ def _setting(conn: psycopg.Connection[Any], name: str) -> int:
 
 def xact_buffers(conn: psycopg.Connection[Any]) -> int:
     """The number of pg_xact buffers of the server (CLOGShmemBuffers())."""
-    if conn.info.server_version >= 170000:
+    if pgversions.has_transaction_buffers(conn.info.server_version):
         # transaction_buffers = 0 (auto) shows the value the server computed
         return _setting(conn, "transaction_buffers")
     nbuffers = _setting(conn, "shared_buffers")  # in 8 kB blocks
@@ -212,7 +216,7 @@ def provoke_xact_reads(
     used first; from 17 within a bank of 16, the same here with 16 buffers;
     the latest page, never replaced, is not in the cycle), and a committed
     xid's status is exactly one lookup (TransactionIdDidCommit). So each
-    lookup is one SLRU read: 'Xact' blks_read grows by len(returned list)
+    lookup is one SLRU read: pg_xact's blks_read grows by len(returned list)
     in this statement, blks_hit by 0, and the probe sees as many reads of
     pg_xact/* by this backend, 8192 bytes each. Returns the xids looked up,
     in order. Raises ValueError when the range is too short.
@@ -321,7 +325,7 @@ def provoke_subtrans_reads(
     suboverflowed and the xmin between its xmin and xmax, calls
     SubTransGetTopmostTransaction(xmin): exactly two pg_subtrans lookups per
     row, the row's subxid (parent: the top xid) and the top xid (no parent).
-    So blks_hit + blks_read of 'Subtrans' grow by exactly the returned number,
+    So blks_hit + blks_read of pg_subtrans grow by exactly the returned number,
     2 * rows * scans.
 
     Misses: the top xid's page is used for every row and stays in its buffer;
@@ -348,7 +352,10 @@ def provoke_subtrans_reads(
 
 
 def slru_stats(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, int]]:
-    """pg_stat_slru as name -> (blks_hit, blks_read), this backend's counts included.
+    """pg_stat_slru as directory -> (blks_hit, blks_read), this backend's counts included.
+
+    Keyed by SLRU directory ("pg_xact", "pg_subtrans"; "other" for the rest),
+    the same on every version whatever pg_stat_slru calls the row.
 
     First flushes this backend's pending SLRU counters (PostgreSQL 15+:
     pg_stat_force_next_flush(), and the flush happens before the statement's
@@ -368,7 +375,7 @@ def slru_stats(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, int]]:
         time.sleep(0.3)
     conn.execute("SELECT pg_stat_clear_snapshot()")
     rows = conn.execute("SELECT name, blks_hit, blks_read FROM pg_stat_slru").fetchall()
-    return {str(name): (int(hit), int(read)) for name, hit, read in rows}
+    return {SLRU_DIRS.get(str(name), str(name)): (int(hit), int(read)) for name, hit, read in rows}
 
 
 def slru_delta(

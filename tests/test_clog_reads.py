@@ -24,14 +24,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, bpftrace_child, need, perf_event_fds, run_pgprobe
+from helpers import CHECKOUT, bpftrace_child, cluster_for, need, perf_event_fds, run_pgprobe
 from slru_workload import (
     BLCKSZ,
     CLUSTER_SETTINGS,
@@ -50,7 +50,9 @@ from slru_workload import (
 from pgprobe import discover
 from pgprobe.engines.base import Log2Hist, Snapshot, Stats
 from pgprobe.errors import EXIT_USAGE
-from pgprobe.sandbox import PgCluster, pg_bindir
+from pgprobe.pgbuilds import PgBuild
+from pgprobe.pgversions import slru_stat_name
+from pgprobe.sandbox import PgCluster
 from pgprobe.tools import clog_reads
 
 APPLICATION = "slru-workload"
@@ -82,17 +84,10 @@ class Workload:
         return slru_delta(before, after)
 
 
-def _have_postgres() -> bool:
-    try:
-        return (pg_bindir() / "initdb").exists()
-    except (OSError, RuntimeError, ValueError):
-        return False
-
-
 @pytest.fixture(scope="module")
-def workload(tracing: None) -> Iterator[Workload]:
-    need(_have_postgres(), "no PostgreSQL server installed (initdb not found)")
-    with PgCluster(settings=CLUSTER_SETTINGS, name="pgprobe-clog") as pg:
+def workload(pg_build: PgBuild, tracing: None) -> Iterator[Workload]:
+    """On each build (tests marked once: the ONCE build only, see conftest.py)."""
+    with cluster_for(pg_build, CLUSTER_SETTINGS, name="pgprobe-clog") as pg:
         version = int(str(pg.sql("SHOW server_version_num")[0][0]))
         need(version >= 130000, "pg_stat_slru and pg_xact_status need PostgreSQL 13+")
         with pg.connect(application_name=APPLICATION) as conn:
@@ -177,7 +172,9 @@ def reads_by_slru(rows: list[dict[str, Any]], pid: int) -> dict[str, tuple[int, 
 
 
 @pytest.mark.integration
-def test_reads_equal_pg_stat_slru_for_pg_xact_and_pg_subtrans(workload: Workload) -> None:
+def test_reads_equal_pg_stat_slru_for_pg_xact_and_pg_subtrans(
+    workload: Workload, tested_on: Callable[[str, str], None]
+) -> None:
     probe = start(workload, "--slru", "pg_xact,pg_subtrans", "--json")
     delta = workload.run()
     out, err = stop(probe)
@@ -202,7 +199,8 @@ def test_reads_equal_pg_stat_slru_for_pg_xact_and_pg_subtrans(workload: Workload
     # pgprobe's own pg_stat_slru window holds the workload's: the same deltas.
     stats = meta["slru_stats"]
     assert meta["slru_stats_unavailable"] is None
-    assert stats["pg_xact"]["name"] == XACT
+    version = int(str(workload.cluster.sql("SHOW server_version_num")[0][0]))
+    assert stats["pg_xact"]["name"] == slru_stat_name(version, "pg_xact")
     assert stats["pg_xact"]["blks_read"] == xact_reads
     assert stats["pg_subtrans"]["blks_read"] == sub_reads
     assert stats["pg_subtrans"]["blks_hit"] == delta[SUBTRANS][0]
@@ -210,6 +208,7 @@ def test_reads_equal_pg_stat_slru_for_pg_xact_and_pg_subtrans(workload: Workload
     assert meta["open_errors"] == [] and meta["lost_events"] == 0
     assert meta["postmaster_pid"] == workload.cluster.postmaster_pid
     assert meta["interrupted"] is True
+    tested_on("clog-reads", "exact vs pg_stat_slru")
 
 
 @pytest.mark.integration
@@ -240,6 +239,7 @@ def test_table_per_backend_and_totals_beside_pg_stat_slru(workload: Workload) ->
 
 
 @pytest.mark.integration
+@pytest.mark.once
 def test_stacks_name_the_clog_code_path(workload: Workload, tmp_path: Path) -> None:
     probe = start(workload, "--pid", str(workload.pid), "--stacks", "--json")
     delta = workload.run(subtrans=False)
@@ -266,6 +266,7 @@ def test_stacks_name_the_clog_code_path(workload: Workload, tmp_path: Path) -> N
 
 
 @pytest.mark.integration
+@pytest.mark.once
 def test_trace_prints_one_line_per_read(workload: Workload) -> None:
     probe = start(workload, "--trace", "--slru", "all", "--pid", str(workload.pid))
     delta = workload.run()
@@ -288,6 +289,7 @@ def test_trace_prints_one_line_per_read(workload: Workload) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.once
 def test_trace_json_lines_then_the_document(workload: Workload) -> None:
     probe = start(workload, "--trace", "--json", "--pid", str(workload.pid))
     delta = workload.run(subtrans=False)
@@ -300,6 +302,7 @@ def test_trace_json_lines_then_the_document(workload: Workload) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.once
 def test_interval_summaries_each_with_their_pg_stat_slru_delta(workload: Workload) -> None:
     argv = ["clog-reads", *workload.cluster.conn_args, "-d", "3", "--interval", "1", "--json"]
     done = run_pgprobe(argv)
@@ -308,7 +311,7 @@ def test_interval_summaries_each_with_their_pg_stat_slru_delta(workload: Workloa
     assert 3 <= len(docs) <= 5 and docs[-1]["meta"]["final"] is True
     for doc in docs:
         assert doc["meta"]["interval"] == 1
-        assert doc["meta"]["slru_stats"]["pg_xact"]["name"] == XACT
+        assert doc["meta"]["slru_stats"]["pg_xact"]["name"] in ("Xact", "transaction")
     # Each summary's pg_stat_slru window runs from the previous summary to this one, as
     # pgprobe receives them; bpftrace can deliver two back to back (an interval that fires
     # while it stops, then its exit maps), so one window may be almost nothing, but
@@ -319,6 +322,7 @@ def test_interval_summaries_each_with_their_pg_stat_slru_delta(workload: Workloa
 
 
 @pytest.mark.integration
+@pytest.mark.once
 def test_without_a_connection_the_cross_check_is_unavailable(workload: Workload) -> None:
     """--pid from /proc (nothing listens there): a warning, and the reads are still counted."""
     argv = ["-h", "/nonexistent", "-p", "1", "--pid", str(workload.pid), "--json"]
@@ -380,6 +384,7 @@ def fake_dtrace_env(tmp_path: Path, output: str) -> dict[str, str]:
 
 
 @pytest.mark.integration
+@pytest.mark.once
 def test_stacks_named_by_dtrace(workload: Workload, tmp_path: Path) -> None:
     env = fake_dtrace_env(tmp_path, "clog_reads_stacks.out")
     argv = ["clog-reads", *workload.cluster.conn_args, "--engine", "dtrace", "-d", "1",
@@ -404,6 +409,7 @@ def test_stacks_named_by_dtrace(workload: Workload, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.once
 def test_trace_through_dtrace(workload: Workload, tmp_path: Path) -> None:
     env = fake_dtrace_env(tmp_path, "clog_reads_trace.out")
     argv = ["clog-reads", *workload.cluster.conn_args, "--engine", "dtrace", "-d", "1", "--trace"]

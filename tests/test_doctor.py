@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import run_pgprobe
 
+from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 
 pytestmark = pytest.mark.integration
 
+Recorder = Callable[[str, str], None]
 NEEDED = ("root", "bpftrace", "btf", "tracepoints", "perf sampling", "uprobes", "usdt",
           "server binary", "usdt probes", "postgresql version", "wait event address",
           "connection")  # fmt: skip
@@ -34,7 +37,7 @@ def test_doctor_here_is_ready_without_kprobes(cluster: PgCluster, tracing: None)
     # This kernel has no kprobes (CONFIG_KPROBES off): said, but it blocks nothing.
     assert checks["kprobes"]["status"] == "info"
     assert "unavailable" in checks["kprobes"]["detail"]
-    assert doc["meta"] == {"ready": True, "blocked_tools": []}
+    assert doc["meta"] == {"ready": True, "blocked_tools": [], "partial_tools": []}
     assert code == 0
 
 
@@ -84,3 +87,33 @@ def test_doctor_reads_my_wait_event_info(cluster: PgCluster, tracing: None) -> N
     with open(f"/proc/{pm}/mem", "rb", buffering=0) as mem:
         mem.seek(pointer)
         assert int.from_bytes(mem.read(4), "little") == value
+
+
+def test_doctor_says_what_runs_on_each_build(
+    pg_build: PgBuild, build_cluster: PgCluster, tracing: None, tested_on: Recorder
+) -> None:
+    """Per build: the probes, frame pointers and symbols it has, and what runs in part."""
+    code, doc = doctor(build_cluster)
+    checks = {row["check"]: row for row in doc["rows"]}
+    assert checks["postgresql version"]["detail"].startswith(pg_build.version)
+    assert (checks["usdt probes"]["status"] == "ok") == pg_build.has_usdt
+    assert (checks["frame pointers"]["status"] == "ok") == pg_build.frame_pointers
+    assert (checks["symbols"]["status"] == "ok") == (not pg_build.stripped)
+    if pg_build.has_usdt:
+        assert doc["meta"] == {"ready": True, "blocked_tools": [], "partial_tools": []}
+        assert code == 0
+        tested_on("doctor", "ready")
+        return
+    assert doc["meta"] == {
+        "ready": True,
+        "blocked_tools": [],
+        "partial_tools": ["lwlocks", "triage"],
+    }
+    assert code == 0
+    done = run_pgprobe(["doctor", *build_cluster.conn_args])
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == (
+        "ready in part: runs here: clog-reads, flame, hot, waits; lwlocks LWLock sleeps from "
+        "the scheduler, not waits; triage without its LWLock table"
+    ), last
+    tested_on("doctor", "ready in part (lwlocks: sleeps)")

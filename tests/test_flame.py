@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import psycopg
 import pytest
 from helpers import CHECKOUT, bpftrace_child, perf_event_fds, run_pgprobe
 
+from pgprobe.pgbuilds import PgBuild
 from pgprobe.render.flamegraph import parse_folded
 from pgprobe.sandbox import PgCluster
 
@@ -50,6 +51,7 @@ QUERY_FUNCTIONS = {"hash_bytes", "repeat", "hashtext", "textcat", "int4out", "pg
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 HEX_FRAME = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")
 SVG = "{http://www.w3.org/2000/svg}"
+Recorder = Callable[[str, str], None]
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -397,3 +399,69 @@ def test_bad_options_are_one_line(args: list[str], message: str) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pgprobe"), done.stderr
     assert message in lines[0]
+
+
+# -- on each build -----------------------------------------------------------------------------
+
+# Static in PostgreSQL's source (no .dynsym entry): named only from .symtab.
+STATIC_FUNCTIONS = {"ExecInterpExpr"}
+
+
+def test_flame_and_hot_name_the_leaves_on_each_build(
+    pg_build: PgBuild, build_cluster: PgCluster, tracing: None, tested_on: Recorder
+) -> None:
+    """Samples = CPU time x Hz and leaf functions named, on every build.
+
+    Leaves only: builds without frame pointers give short stacks (the unwinding
+    issue), so the frames under the leaf are not checked here. On an unstripped
+    build static functions (ExecInterpExpr) are named and almost no leaf in
+    postgres is unresolved; on a stripped one they show as postgres+0x...
+    """
+    with build_cluster.connect() as conn:
+        conn.execute("SET jit = off")
+        pid = conn.info.backend_pid
+        hz = 997
+        probe = start_pgprobe("flame", *build_cluster.conn_args, "--pid", str(pid), "-F",
+                              str(hz), "-d", "60", "--folded", *FP)  # fmt: skip
+        wait_sampling(probe)
+        before = cpu_seconds(pid)
+        run_query(build_cluster, conn, pid, 2.0)
+        cpu_s = cpu_seconds(pid) - before
+        out, err = stop(probe)
+    stacks = parse_folded(out)
+    total = sum(stacks.values())
+    assert_close(total, cpu_s, hz)
+    leaves: dict[str, int] = {}
+    for s, n in stacks.items():
+        leaves[leaf(s)] = leaves.get(leaf(s), 0) + n
+    print(sorted(leaves.items(), key=lambda kv: -kv[1])[:8])
+    assert leaves.get(HOT, 0) >= 0.5 * total, leaves
+    unresolved = sum(n for f, n in leaves.items() if f.startswith("postgres+0x"))
+    if pg_build.stripped:
+        assert not STATIC_FUNCTIONS & set(leaves)  # never mislabelled with a nearby name
+        verdict = "exported functions named; static ones postgres+0x..."
+    else:
+        assert set(leaves) >= STATIC_FUNCTIONS, leaves
+        # What stays unnamed: PLT stubs (.plt.got, calls to libc's memcpy through it; 0.7 %
+        # on 17), which have no symbol in any build.
+        assert unresolved <= 0.03 * total, (unresolved, total)
+        verdict = "every function named"
+    if not pg_build.frame_pointers:
+        verdict += "; short stacks (no frame pointers)"
+    tested_on("flame", verdict)
+
+    with build_cluster.connect() as conn:
+        conn.execute("SET jit = off")
+        pid = conn.info.backend_pid
+        thread = threading.Thread(target=lambda: run_query(build_cluster, conn, pid, 4.0))
+        thread.start()
+        time.sleep(0.3)
+        done = run_pgprobe(["hot", *build_cluster.conn_args, "--pid", str(pid), "-d", "2",
+                            "--json", *FP])  # fmt: skip
+        thread.join(60)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    top = doc["rows"][0]
+    assert (top["function"], top["module"]) == (HOT, "postgres"), doc["rows"][:3]
+    assert sum(r["self_samples"] for r in doc["rows"]) <= doc["meta"]["samples"]
+    tested_on("hot", verdict.split(";")[0])

@@ -10,13 +10,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import need, run_pgprobe
+from helpers import bpftrace_child, need, perf_event_fds, run_pgprobe
 
+from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 
 pytestmark = pytest.mark.integration
@@ -171,6 +172,18 @@ def test_lwlocks_pid_without_connection_uses_proc(load: PgCluster) -> None:
     assert doc["rows"]
 
 
+def wait_attached(child: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Until pgprobe's bpftrace holds its perf events (a fixed sleep is too short when the
+    machine is loaded: SIGINT then lands before the probes attach)."""
+    wanted = (os.cpu_count() or 1) + 1
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and child.poll() is None:
+        pid = bpftrace_child(child.pid)
+        if pid is not None and perf_event_fds(pid) >= wanted:
+            return
+        time.sleep(0.05)
+
+
 def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
     child = subprocess.Popen(
         [sys.executable, "-m", "pgprobe", "lwlocks", *load.conn_args, "-d", "60", "--json"],
@@ -178,7 +191,8 @@ def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    wait_attached(child)
+    time.sleep(2)  # some waits to collect
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
@@ -335,3 +349,24 @@ def test_build_without_usdt_falls_back_to_sleeps(no_usdt_load: PgCluster) -> Non
         totals[row["tranche"]] += row["total_us"]
     top = totals.most_common(1)[0][0]
     assert top in sampler.seen, (top, sampler.seen)
+
+
+def test_lwlocks_on_each_build(
+    pg_build: PgBuild,
+    build_cluster: PgCluster,
+    tracing: None,
+    tested_on: Callable[[str, str], None],
+) -> None:
+    """With USDT probes: waits (the checks against pg_stat_activity run on the ONCE build
+    above). Without: LWLock sleeps from the scheduler, said in one line."""
+    done = run_pgprobe(["lwlocks", *build_cluster.conn_args, "-d", "1", "--json"])
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["tool"] == "lwlocks"
+    if pg_build.has_usdt:
+        assert doc["meta"]["source"] == "usdt"
+        tested_on("lwlocks", "yes")
+        return
+    assert doc["meta"]["source"] == "sched_switch"
+    assert "has no LWLock USDT probes: showing LWLock sleeps" in done.stderr
+    tested_on("lwlocks", "sleeps from the scheduler (no USDT)")

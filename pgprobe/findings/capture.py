@@ -15,6 +15,7 @@ from pgprobe.findings.document import (
     doc_meta,
     duration_s,
     major_version,
+    section,
     section_reason,
 )
 
@@ -26,13 +27,27 @@ UNRESOLVED_PCT = 20.0
 def capture_sections(doc: Doc) -> list[Finding]:
     out = []
     for name in SECTIONS:
-        if doc.get(name) is None:
+        reason = section_reason(doc, name)
+        if doc.get(name) is None and name == "lwlocks" and "USDT" in reason:
+            out.append(
+                Finding(
+                    id="capture.missing.lwlocks",
+                    severity="low",
+                    title="No LWLock table: the server has no USDT probes",
+                    evidence=f"unavailable: {reason}",
+                    next_step="LWLock waits still show as wait events (type LWLock) in the "
+                    "wait-event sampling and in `pgprobe waits`; for per-tranche counts and "
+                    "times, a build with --enable-dtrace (Debian, Ubuntu and PGDG packages)",
+                    section="capture",
+                )
+            )
+        elif doc.get(name) is None:
             out.append(
                 Finding(
                     id=f"capture.missing.{name}",
                     severity="low",
                     title=f"No {SECTION_TITLES[name]} in this report",
-                    evidence=f"unavailable: {section_reason(doc, name)}",
+                    evidence=f"unavailable: {reason}",
                     next_step="run `pgprobe doctor` to see what this machine can trace, fix "
                     "it, and capture again",
                     section="capture",
@@ -119,6 +134,26 @@ def capture_unresolved(doc: Doc) -> list[Finding]:
                 next_step="profile again with `pgprobe flame --unwind dwarf` (perf copies the "
                 "stack and pgprobe unwinds it with .eh_frame): debug symbols would not help",
                 magnitude=share,
+                section="capture",
+            )
+        ]
+    hot_meta = (section(doc, "hot") or {}).get("meta") or {}
+    symbols = str(hot_meta.get("server_symbols", ""))
+    if symbols == "symtab" or symbols.startswith("debug file"):
+        # Every function of the server has a name: what is unnamed is not the server's code
+        # but addresses read by a stack walk of code built without frame pointers.
+        return [
+            Finding(
+                id="capture.unresolved",
+                severity="low",
+                title=f"{fmt.pct(pct)} of stack frames are unresolved although the server has "
+                "full symbols: its stacks were walked without frame pointers",
+                evidence=f"meta.unresolved_pct {fmt.n(pct)} over {fmt.n(profile.samples)} CPU "
+                f"samples; server symbols: {symbols}; server binary "
+                f"{doc_meta(doc).get('server_binary', '?')}",
+                next_step="trust the leaf functions (the top functions table), not the call "
+                "chains under them; `pgprobe flame --unwind dwarf` gives whole stacks",
+                magnitude=pct,
                 section="capture",
             )
         ]

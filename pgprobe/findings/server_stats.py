@@ -4,6 +4,9 @@ pg_stat_wal, pg_stat_statements and the client connections of pg_stat_activity.
 
 from __future__ import annotations
 
+from typing import Any
+
+from pgprobe import pgversions
 from pgprobe.findings import fmt
 from pgprobe.findings.base import Doc, Finding, rule, severity_of
 from pgprobe.findings.document import (
@@ -192,8 +195,8 @@ BACKEND_WRITES_MEDIUM_PCT = 50.0
 @rule
 def backend_writes(doc: Doc) -> list[Finding]:
     bg = stats_view(doc, "bgwriter") or {}
-    if "buffers_backend" not in bg:  # PostgreSQL 17 moved it to pg_stat_io
-        return []
+    if "buffers_backend" not in bg:  # PostgreSQL 17 moved it to pg_stat_io (16+)
+        return _backend_writes_io(stats_view(doc, "io"))
     backend = as_number(bg.get("buffers_backend"))
     written = (
         backend
@@ -225,8 +228,43 @@ def backend_writes(doc: Doc) -> list[Finding]:
                     else "",
                 ]
             ),
-            next_step="raise shared_buffers; make the background writer do more "
-            "(bgwriter_lru_maxpages, bgwriter_lru_multiplier, bgwriter_delay)",
+            next_step=BACKEND_WRITES_NEXT,
+            magnitude=share,
+            section="sql",
+        )
+    ]
+
+
+BACKEND_WRITES_NEXT = (
+    "raise shared_buffers; make the background writer do more "
+    "(bgwriter_lru_maxpages, bgwriter_lru_multiplier, bgwriter_delay)"
+)
+
+
+def _backend_writes_io(io: dict[str, Any] | None) -> list[Finding]:
+    """The same finding from pg_stat_io's relation writes per backend type (16+)."""
+    if not io:
+        return []
+    writes = {str(k): as_number(v) for k, v in io.items()}
+    backend = sum(v for k, v in writes.items() if k not in pgversions.BACKGROUND_WRITERS)
+    written = sum(writes.values())
+    if backend < BACKEND_WRITES_MIN or written <= 0:
+        return []
+    share = 100 * backend / written
+    severity = severity_of(share, 101.0, BACKEND_WRITES_MEDIUM_PCT, BACKEND_WRITES_LOW_PCT)
+    if severity is None:
+        return []
+    listing = ", ".join(
+        f"{k} {fmt.n(v)}" for k, v in sorted(writes.items(), key=lambda kv: -kv[1]) if v > 0
+    )
+    return [
+        Finding(
+            id="stats.backend-writes",
+            severity=severity,
+            title=f"Backends wrote {fmt.pct(share)} of dirty buffers themselves: shared_buffers "
+            "is short or the background writer lags",
+            evidence=f"pg_stat_io writes of relations by backend type: {listing}",
+            next_step=BACKEND_WRITES_NEXT,
             magnitude=share,
             section="sql",
         )

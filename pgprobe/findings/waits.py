@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pgprobe import pgversions
 from pgprobe.findings import fmt
 from pgprobe.findings.base import Doc, Finding, at_most, rule, severity_of
 from pgprobe.findings.document import (
@@ -65,16 +66,17 @@ def _wait_family(wtype: str, event: str) -> tuple[str, _WaitFamily]:
             "pg_locks; DDL queued behind a long "
             "transaction blocks everything after it: set lock_timeout for DDL",
         )
-    if wtype == "IO" and event in ("DataFileRead", "DataFilePrefetch"):
+    if wtype == "IO" and pgversions.is_data_file_read_wait(event):
         return "io-read", _WaitFamily(
             "data file reads",
-            "the working set is larger than shared_buffers and the page cache",
+            "the working set is larger than shared_buffers and the page cache"
+            + (" (io workers read for the backends)" if event == "AioIoCompletion" else ""),
             "backends wait for pages read from disk: check the cache hit ratio and the statements "
             "with most shared_blks_read "
             "(pg_stat_statements), add the missing indexes that turn scans into look-ups, "
             "raise shared_buffers or the machine's memory, check disk latency",
         )
-    if wtype == "IO" and event.startswith("WAL"):
+    if wtype == "IO" and pgversions.is_wal_io_wait(event):
         return "io-wal", _WaitFamily(
             "WAL writes and syncs",
             "commits wait on fsync latency",
@@ -173,7 +175,11 @@ def wait_events(doc: Doc) -> list[Finding]:
                         f"{fmt.n(backends)} backends in these waits on average",
                     ]
                 ),
-                next_step=fam.next_step,
+                next_step=fam.next_step
+                if key != "lwlock" or doc.get("lwlocks") is not None
+                else "this report has no LWLock table (see the capture section): the wait "
+                "event names above are the tranches; look them up in PostgreSQL's wait "
+                "event documentation",
                 magnitude=share,
                 section="waits",
             )

@@ -29,20 +29,27 @@ NAME = "doctor"
 EXIT_NOT_READY = 1
 
 # What each tool needs; a failed check lists the tools it stops.
-TRACING = ("lwlocks", "clog-reads", "flame", "hot", "triage")
+TRACING = ("lwlocks", "clog-reads", "flame", "hot", "triage", "waits")
 NEEDS = {
     "root": TRACING,
     "bpftrace": TRACING,
     "uprobes": ("lwlocks", "triage"),
-    "usdt": ("lwlocks", "triage"),
-    "tracepoints": ("clog-reads", "triage"),
+    "usdt": (),
+    "tracepoints": ("clog-reads", "triage", "waits"),
     "btf": TRACING,  # the scripts find a cluster's processes through curtask->real_parent
     "perf sampling": ("flame", "hot", "triage"),
     "server binary": TRACING,
-    "usdt probes": ("lwlocks", "triage"),
+    "usdt probes": (),
     "postgresql version": ("lwlocks", "triage"),
     "connection": ("triage",),
     "wait event address": ("waits",),
+}
+# A tool that still runs, with a part left out, when another tool cannot run.
+IN_PART = {
+    "usdt probes": {
+        "lwlocks": "LWLock sleeps from the scheduler, not waits",
+        "triage": "without its LWLock table",
+    }
 }
 MIN_BPFTRACE = (0, 12)
 CAP_PERFMON, CAP_BPF = 38, 39
@@ -73,15 +80,36 @@ def add_parser(sub: Any) -> None:
 def run(ns: argparse.Namespace) -> int:
     checks = diagnose(common.conn_options(ns))
     blocked = sorted({tool for c in checks if c.status == "fail" for tool in c.affects})
+    missing = {c.check for c in checks if c.status in ("fail", "warn")}
+    partial = {
+        t: why
+        for check, tools in IN_PART.items()
+        if check in missing
+        for t, why in tools.items()
+        if t not in blocked
+    }
     if ns.json:
-        meta = {"ready": not blocked, "blocked_tools": blocked}
+        meta = {"ready": not blocked, "blocked_tools": blocked, "partial_tools": sorted(partial)}
         print(json.dumps({"tool": NAME, "meta": meta, "rows": [asdict(c) for c in checks]}))
     else:
-        render(checks, blocked)
+        render(checks, blocked, partial)
     return EXIT_NOT_READY if blocked else 0
 
 
-def render(checks: list[Check], blocked: list[str]) -> None:
+def verdict(blocked: list[str], partial: dict[str, str]) -> str:
+    """One line: what runs here, what runs in part, what cannot run."""
+    if not blocked and not partial:
+        return "ready: every pgprobe tool can run here"
+    runs = [t for t in TRACING if t not in blocked and t not in partial]
+    if not runs and not partial:
+        return f"not ready: these tools cannot run here: {', '.join(blocked)}"
+    said = [f"runs here: {', '.join(runs)}"] if runs else []
+    said += [f"{tool} {why}" for tool, why in partial.items()]
+    cannot = f"; cannot run: {', '.join(blocked)}" if blocked else ""
+    return f"ready in part: {'; '.join(said)}{cannot}"
+
+
+def render(checks: list[Check], blocked: list[str], partial: dict[str, str]) -> None:
     columns = [
         table.Column("status", "STATUS"),
         table.Column("check", "CHECK"),
@@ -93,10 +121,7 @@ def render(checks: list[Check], blocked: list[str]) -> None:
         for c in checks
     ]
     table.render("pgprobe doctor", columns, rows)
-    if blocked:
-        print(f"not ready: these tools cannot run here: {', '.join(blocked)}")
-    else:
-        print("ready: every pgprobe tool can run here")
+    print(verdict(blocked, partial))
 
 
 def diagnose(opts: discover.ConnOptions) -> list[Check]:
@@ -304,7 +329,7 @@ def check_binary(binary: str | None) -> list[Check]:
         checks.append(Check("usdt probes", "ok", f"{len(names)} USDT probes (--enable-dtrace)"))
     else:
         checks.append(
-            Check("usdt probes", "fail", "built without --enable-dtrace (no lwlock__wait__start)",
+            Check("usdt probes", "warn", "built without --enable-dtrace (no lwlock__wait__start)",
                   "install a build with probes (Debian, Ubuntu and PGDG packages have them)")
         )  # fmt: skip
     checks.append(_foreign_uprobes_check(binary, names))

@@ -29,6 +29,7 @@ VIEWS = (
     ("bgwriter", "pg_stat_bgwriter"),
     ("checkpointer", "pg_stat_checkpointer"),
     ("wal", "pg_stat_wal"),
+    ("io", "pg_stat_io: relation writes by backend type"),
 )
 
 
