@@ -353,12 +353,13 @@ class SlruStats:
     and readers see the collector's file. pg_stat_force_next_flush() acts on the calling
     session only, so pgprobe cannot make the other backends flush.
 
-    One window: the probe script counts from its BEGIN (run once every probe
-    is attached; it prints "@@live") to the start of its END (after SIGINT,
-    before bpftrace prints its maps, which takes a second or more while the
-    probes stay attached). pgprobe reads "before" as soon as "@@live" arrives
-    and "after" as soon as END's first line does, so both windows agree
-    within the few milliseconds a line takes to arrive and a query to run.
+    One window: with bpftrace, pgprobe reads "before" when "@@live" arrives
+    (every probe attached), then sends bpftrace signal 0, from which the
+    script counts; it reads "after", then sends the SIGINT at which the script
+    stops counting (bpftrace 0.17 stops its syscall tracepoints on SIGINT and
+    runs END a second or more later under load: ending at END lost 11-18 %
+    of the reads). Both windows agree within the milliseconds a query takes.
+    With DTrace (and triage), "before" at "@@live" and "after" at END's first line.
     What remains is PostgreSQL's own lag: reads made shortly before the
     window and flushed inside it are in the delta but not traced, reads near
     its end not flushed yet are traced but not in the delta; on a steady

@@ -57,6 +57,12 @@ class TracerProcess:
         self.ends_output = ends_output or (lambda raw: bool(raw.strip()))
         self._ending = False
         self.on_tick: TickCallback | None = None
+        # A script that stops counting when pgprobe signals it (clog_reads.bt watches
+        # pgprobe's kill): the window ends at the first SIGINT, not at END's first line
+        # (bpftrace 0.17 stops the syscall tracepoints a second or more before END under
+        # load). before_signal runs just before that SIGINT (the tool's closing SQL read).
+        self.stops_on_signal = False
+        self.before_signal: Callable[[], None] | None = None
         self.stderr: list[str] = []
         self.returncode: int | None = None
         self.pid: int | None = None  # the tracer's, while it runs
@@ -156,7 +162,7 @@ class TracerProcess:
                 for raw in lines:
                     if signalled_at is not None and not self._ending:
                         self._ending = self.ends_output(raw)
-                        if self._ending and attached_at is not None:
+                        if self._ending and attached_at is not None and not self.stops_on_signal:
                             # END's first output: the probes have stopped counting.
                             self.info.stopped_counting = True
                             self.info.duration_seconds = time.monotonic() - attached_at
@@ -174,8 +180,13 @@ class TracerProcess:
             if signalled_at is None and (stopping or remaining == 0.0):
                 self.info.interrupted = stopping
                 self.info.missed_runs = bpf_recursion_misses(child.pid)
+                if self.before_signal is not None:
+                    self.before_signal()
                 child.send_signal(signal.SIGINT)
                 signalled_at = self._signalled_at = now
+                if self.stops_on_signal and attached_at is not None:
+                    self.info.stopped_counting = True
+                    self.info.duration_seconds = time.monotonic() - attached_at
             elif signalled_at is not None:
                 self._insist(child, now - signalled_at)
             if attached_at is None and signalled_at is None and now - started > STARTUP_TIMEOUT_S:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pgprobe.discover import Backend, Targets
+from pgprobe.engines import bpftrace
 from pgprobe.engines.base import Line, RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.pgstats import SlruStats
@@ -235,6 +237,11 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
     """
     ns = session.ns
     countdown = common.Countdown(f"SLRU reads of {', '.join(session.slrus)}", ns.duration)
+    stopper = (
+        capture.process
+        if isinstance(capture, bpftrace.BpftraceCapture) and capture.process.stops_on_signal
+        else None
+    )
     attached = False
     closing: dict[str, dict[str, Any]] | None = None
 
@@ -245,13 +252,24 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
         if remaining is not None and not attached:
             attached = True
             session.stats.start()
+            if stopper is not None and stopper.pid is not None:
+                # clog_reads.bt counts from this signal 0 (no-op) on: right after the read.
+                os.kill(stopper.pid, 0)
         if info.stopped_counting and attached and closing is None:
             closing = session.stats.delta()
         if session.namer is not None:
             session.namer.tick()
         countdown.tick(info, remaining)
 
+    def close_window() -> None:
+        # Just before the SIGINT at which clog_reads.bt stops counting.
+        nonlocal closing
+        if attached and closing is None:
+            closing = session.stats.delta()
+
     capture.on_tick = tick
+    if stopper is not None:
+        stopper.before_signal = close_window
     final: tuple[Snapshot, RunInfo] | None = None
     # A countdown would be stopped and restarted for every line in trace mode.
     with countdown if not ns.trace else contextlib.nullcontext(countdown):

@@ -7,11 +7,13 @@ accepts, and the positional parameters computed from validated values only.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from pgprobe import pgstats
+from pgprobe import engines, pgstats
 from pgprobe.discover import Targets
+from pgprobe.engines import bpftrace
 from pgprobe.engines.base import Capture, KeyKind, MapSpec
 from pgprobe.tools import common
 
@@ -117,4 +119,12 @@ def start(
     if mode == MODE_STACKS:
         env["BPFTRACE_NO_USER_SYMBOLS"] = "1"
     args = script_args(targets, slru_mask(slrus), mode, interval)
-    return common.capture(ns, SCRIPT, args, MAPS, env=env)
+    if engines.choose(getattr(ns, "engine", "auto")) == "dtrace":
+        return common.capture(ns, SCRIPT, args, MAPS, env=env)
+    # $6: pgprobe's pid. clog_reads.bt counts from this process's signal 0 to its
+    # SIGINT (bpftrace 0.17 stops its syscall tracepoints on SIGINT, a second or more
+    # before END under load), so the SQL reads are taken just before each signal.
+    capture = common.capture(ns, SCRIPT, [*args, os.getpid()], MAPS, env=env)
+    if isinstance(capture, bpftrace.BpftraceCapture):
+        capture.process.stops_on_signal = True
+    return capture
