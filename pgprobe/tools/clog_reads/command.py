@@ -215,7 +215,7 @@ def run(ns: argparse.Namespace) -> int:
     session.warned_unavailable = stats.unavailable
     mode = MODE_TRACE if ns.trace else MODE_STACKS if ns.stacks else MODE_AGGREGATE
     try:
-        capture = start(ns, targets, slrus, mode, ns.interval)
+        capture = start(ns, targets, slrus, mode, ns.interval, signal_window=True)
         final = _run_capture(session, capture)
         if final is None:
             raise common.nothing_kept(capture.info)

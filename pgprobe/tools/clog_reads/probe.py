@@ -109,9 +109,19 @@ def script_args(targets: Targets, mask: int, mode: int, interval: int | None) ->
 
 
 def start(
-    ns: argparse.Namespace, targets: Targets, slrus: Sequence[str], mode: int, interval: int | None
+    ns: argparse.Namespace,
+    targets: Targets,
+    slrus: Sequence[str],
+    mode: int,
+    interval: int | None,
+    signal_window: bool = False,
 ) -> Capture:
-    """clog_reads for the targets and SLRUs, ready to run (iterate its events)."""
+    """clog_reads for the targets and SLRUs, ready to run (iterate its events).
+
+    signal_window: reads count from pgprobe's signal 0 to its SIGINT (see below); the
+    caller must then send that signal 0 after its opening pg_stat_slru read, as the
+    clog-reads command does. Without it (triage, serve) reads count from "@@live" to END.
+    """
     env = {
         "BPFTRACE_STRLEN": "40",  # the longest SLRU path as opened is 36 characters
         "BPFTRACE_MAP_KEYS_MAX": str(65536 if mode == MODE_STACKS else 16384),
@@ -119,7 +129,7 @@ def start(
     if mode == MODE_STACKS:
         env["BPFTRACE_NO_USER_SYMBOLS"] = "1"
     args = script_args(targets, slru_mask(slrus), mode, interval)
-    if engines.choose(getattr(ns, "engine", "auto")) == "dtrace":
+    if not signal_window or engines.choose(getattr(ns, "engine", "auto")) == "dtrace":
         return common.capture(ns, SCRIPT, args, MAPS, env=env)
     # $6: pgprobe's pid. clog_reads.bt counts from this process's signal 0 to its
     # SIGINT (bpftrace 0.17 stops its syscall tracepoints on SIGINT, a second or more
