@@ -4,6 +4,10 @@ The SQL session is read-only, says who it is (application_name 'pgprobe') and
 is left out of the targets. /proc gives what SQL cannot: the postmaster PID and
 the server binary that the probes attach to. With `--pid` and no connection,
 everything comes from /proc.
+
+(A little over 400 lines since psql's connection forms and the server-went-away
+handling of issue 11 came in; the next split is connection options and the local-
+server proof into their own module, apart from targets and pg_stat_activity.)
 """
 
 from __future__ import annotations

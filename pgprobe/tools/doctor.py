@@ -3,6 +3,10 @@
 Kernel features are tried, not guessed: each probe type is attached for real by a
 tiny bpftrace program (in parallel, about a second in all). Exit 0 when every
 pgprobe tool can run; otherwise non-zero, naming the tools affected.
+
+(A little over 400 lines: one short function per check, and the checks grew with
+waits, probe-site conflicts and per-build verdicts; the next step is the tool
+shape of issue 12, the checks by area in a tools/doctor/ package.)
 """
 
 from __future__ import annotations
