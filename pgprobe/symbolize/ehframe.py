@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from elftools.elf.elffile import ELFFile
 
 
-def uleb(data: bytes, pos: int) -> tuple[int, int]:
+def leb128(data: bytes, pos: int, signed: bool = False) -> tuple[int, int]:
+    """A DWARF LEB128 number at data[pos]: (value, position after it)."""
     result = shift = 0
     while True:
         b = data[pos]
@@ -17,7 +18,17 @@ def uleb(data: bytes, pos: int) -> tuple[int, int]:
         result |= (b & 0x7F) << shift
         shift += 7
         if not b & 0x80:
+            if signed and b & 0x40:
+                result -= 1 << shift
             return result, pos
+
+
+def uleb(data: bytes, pos: int) -> tuple[int, int]:
+    return leb128(data, pos)
+
+
+def sleb(data: bytes, pos: int) -> tuple[int, int]:
+    return leb128(data, pos, signed=True)
 
 
 EH_FIXED = {0x00: ("<Q", 8), 0x02: ("<H", 2), 0x03: ("<I", 4), 0x04: ("<Q", 8),

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pgprobe.symbolize.ehframe import EH_FIXED, EhFrameIndex, uleb
+from pgprobe.symbolize.ehframe import sleb as _sleb
 
 RA = 16  # DWARF column of the return address on x86-64
 RSP = 7
@@ -41,19 +42,6 @@ class Rule:
 
 class CfiError(ValueError):
     """The FDE could not be read or uses what this interpreter does not know."""
-
-
-def _sleb(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            if b & 0x40:
-                result -= 1 << shift
-            return result, pos
 
 
 @dataclass(frozen=True, slots=True)
