@@ -32,6 +32,9 @@
  *                   (0: only at exit)
  *   Omitted parameters are 0 (#pragma D option defaultargs).
  *   Ctrl-C (SIGINT) ends the capture: the END clause prints the aggregations.
+ *   (bpf/clog_reads.bt's 6th parameter, STOPPER_PID, is not needed here: bpftrace
+ *   stops its tracepoints at SIGINT, long before END under load, while DTrace runs
+ *   END with its probes still enabled, so END closes the window in time.)
  *
  * PLATFORM LIBRARY: the directory and name of a file descriptor come from a
  *   D library passed with -L: d/lib/fds (fds[]: illumos, Solaris, FreeBSD,
