@@ -1,4 +1,8 @@
 """What the benchmark's parts share: statistics, /proc readings, measured child processes,
+
+Long because it is the bench's one toolbox (statistics, /proc readings, measured child
+processes, BPF statistics, machine facts) that every part of the bench uses.
+
 BPF run-time statistics, and the facts about the machine."""
 
 from __future__ import annotations

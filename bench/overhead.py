@@ -1,5 +1,8 @@
 """Overhead on the traced server: pgbench throughput with and without a tool attached.
 
+Long because the interleaved windows, the traced runs and their summaries share one
+timeline of state; next split: windows, tracer, summaries (issue 16).
+
 Method
 ------
 One pgbench runs for the whole of a workload, with ``-P 1 --progress-timestamp``:

@@ -1,5 +1,7 @@
 """docs/benchmarks.md and the budgets.
 
+Long because every table of docs/benchmarks.md is written here, beside the budgets.
+
 The bench writes its results between two marker lines of docs/benchmarks.md and
 leaves the rest of the file (the hand-written method and analysis) alone.
 """

@@ -1,5 +1,7 @@
 """Find the cluster and the backends to trace: SQL (read-only) plus /proc.
 
+Long because psql's connection forms (issue 11) joined discovery; the next split is below.
+
 The SQL session is read-only, says who it is (application_name 'pgprobe') and
 is left out of the targets. /proc gives what SQL cannot: the postmaster PID and
 the server binary that the probes attach to. With `--pid` and no connection,

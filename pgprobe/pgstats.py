@@ -1,5 +1,7 @@
 """What PostgreSQL's own views say over a capture window (read-only SQL).
 
+Long because the SQL cross-checks are kept in one module with the other SQL (see below).
+
 Two kinds of evidence, both independent of the kernel probes:
 - deltas of cumulative views (pg_stat_database, pg_stat_bgwriter or
   pg_stat_checkpointer, pg_stat_wal, pg_stat_slru, pg_stat_statements), read at

@@ -1,5 +1,7 @@
 """`pgprobe clog-reads` on a real cluster with real bpftrace: counts exact against pg_stat_slru.
 
+Long because it holds every clog-reads test, grouped by section below.
+
 One throwaway cluster with the SLRU workload's settings (shared_buffers =
 128kB: 4 pg_xact buffers; autovacuum and parallel query off), xids burnt over
 7 pg_xact pages, and a transaction held open with 102 400 subtransactions

@@ -1,5 +1,7 @@
 """The findings rules (pgprobe.findings), one group of tests per rule, on recorded data.
 
+Long because it holds a group of tests per rule, on recorded data.
+
 The documents in tests/fixtures/triage/ are real captures (see make_fixture.py there):
 
 - pgbench.json  pgbench -c 8 on scale 2 with max_wal_size 32MB and pg_stat_statements: row

@@ -1,5 +1,7 @@
 """`pgprobe flame` and `pgprobe hot` against a real cluster, with real bpftrace.
 
+Long because it holds every flame/hot capture test, grouped by section below.
+
 The workload is one backend hashing long strings:
 
     SELECT sum(hashtext(repeat(g::text || repeat('abcdefghij', 10), 20)))

@@ -1,4 +1,7 @@
-"""Tests of pgprobe.render.flamegraph: folded parsing, the SVG document, speedscope JSON."""
+"""Tests of pgprobe.render.flamegraph: folded parsing, the SVG document, speedscope JSON.
+
+Long because it holds every renderer test, grouped by section below.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The triage report (pgprobe.render.report.render_html) on the recorded triage documents.
 
+Long because it holds every report test (page, sections, browser) in one place.
+
 Parsing: the page must be well-formed (every element closed, in order), hold every section
 with the recorded data, escape what comes from the database, reference nothing on the
 network, and say "unavailable: <reason>" for sections that are null. The SVG parts (the wait

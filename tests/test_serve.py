@@ -1,5 +1,7 @@
 """`pgprobe serve` scraped by a real Prometheus server, against a loaded throwaway cluster.
 
+Long because it holds every serve test, the real Prometheus one among them.
+
 Prometheus is Debian's package (scripts/setup installs it), started here on a
 loopback port with a temporary config (scrape every second) and storage dir.
 The load: pgbench -c 8 (LWLock waits: WALWrite, LockManager, BufferContent ...)

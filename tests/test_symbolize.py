@@ -1,5 +1,7 @@
 """Tests of pgprobe.symbolize on small C programs compiled here.
 
+Long because it holds every symbolizer test, grouped by section below.
+
 The program prints the run-time addresses of its functions (global, static,
 and one in a shared library) and of an anonymous executable mapping and a
 heap block, then blocks. `nm` on the unstripped build gives each function's

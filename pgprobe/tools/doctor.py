@@ -1,5 +1,7 @@
 """`pgprobe doctor`: will tracing work on this box? One line per check, with the fix.
 
+Long because it has one short function per check; the next split is said below.
+
 Kernel features are tried, not guessed: each probe type is attached for real by a
 tiny bpftrace program (in parallel, about a second in all). Exit 0 when every
 pgprobe tool can run; otherwise non-zero, naming the tools affected.

@@ -1,5 +1,7 @@
 """`pgprobe lwlocks`: LWLock wait time per tranche and mode (bpf/lwlock_wait.bt).
 
+Long because both sources (USDT waits, scheduler sleeps) share its rows (see below).
+
 The kernel times every wait and keeps, per (pid, tranche, mode), the count, the
 total, the max and a log2 histogram; this module turns those into rows sorted
 by total wait time, with percentiles estimated from the histogram.

@@ -1,5 +1,7 @@
 """`pgprobe triage`: everything pgprobe knows about N seconds, in one HTML report.
 
+Long because the edges of every part's window meet here (see below).
+
 Over the same window: CPU samples (flame graph, hot functions), LWLock waits,
 SLRU reads, pg_stat_activity sampled every second, and the deltas of
 PostgreSQL's cumulative views. The captures run as parallel bpftrace
