@@ -1,8 +1,12 @@
-"""pgprobe's benchmark (`scripts/bench`): overhead on a traced server, time to first data,
-finish time, memory, render and symbolize throughput. Independent of pytest.
+"""pgprobe's benchmark (`scripts/bench --full`, `--quick`): everything the open issues ask to
+be measured, in one run. Independent of pytest.
 
-Run it as root from the top of the checkout: `scripts/bench` (or `.venv/bin/python -m bench`).
-Modules: `overhead` (pgbench rounds with and without a tool), `render` (folded stacks to SVG),
-`symbolize` (100,000 raw stacks), `runtool` (runs pgprobe and reports its own peak memory),
-`report` (docs/benchmarks.md and the budgets), `common` (/proc readings, statistics).
+Run it as root from the top of the checkout. Modules: `configs` (workloads, ways of tracing,
+the full profile), `plan` (window length and time box), `overhead` (pgbench rounds with and
+without a tool), `bpfstats` (kernel BPF run-time statistics per program), `probe_cost` (the
+mechanism's ns per fire), `hooks` (time to answer, `pgprobe serve`: other modules'
+measure()), `render`, `symbolize`, `runtool` (runs pgprobe and reports its own peak memory),
+`results` (the run as docs/benchmarks.json, budgets judged), `report` (docs/benchmarks.md
+and the README's Overhead table from that JSON), `stats` (confidence intervals), `common`
+(/proc readings, machine facts).
 """

@@ -1,6 +1,15 @@
-"""`scripts/bench`: measure pgprobe's overhead, start and finish times, memory, render and
-symbolize speed on a throwaway cluster, write docs/benchmarks.md, and say which budgets
-were missed (a report, not a gate: the exit status is 0 unless the bench itself fails).
+"""`scripts/bench`: everything the open issues ask to be measured, in one run.
+
+    sudo scripts/bench --full     # the quiet-machine run: about 33 minutes
+    sudo scripts/bench --quick    # smoke test of every part with tiny sizes (~8 minutes)
+
+Overhead of each tool as TPS ratios with 95 % intervals (bench/overhead.py, the plan in
+bench/configs.py and bench/plan.py), per-fire costs (kernel BPF statistics per program,
+bench/probe_cost.py), the dwarf capture's finish time, lwlocks under heavy contention,
+time to answer (bench/answer.py) and `pgprobe serve` (fleet2's measure(); see
+bench/hooks.py), render and symbolize speed. The run is written to docs/benchmarks.json,
+and docs/benchmarks.md and the README's Overhead table are rendered from it
+(bench/report.py). A report, not a gate: the exit status is 0 unless the bench fails.
 """
 
 from __future__ import annotations
@@ -8,62 +17,94 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from bench import common, overhead, probe_cost, render, report, symbolize
+from bench import (
+    bpfstats,
+    common,
+    configs,
+    hooks,
+    overhead,
+    plan,
+    probe_cost,
+    render,
+    report,
+    results,
+    symbolize,
+)
 from pgprobe.sandbox import PgCluster
 
 QUIET_LOAD = 0.7
-SETUP_S = 20.0
-RENDER_SYMBOLIZE_S = 45.0
+BOX_MIN = 33.0
+QUICK_PAIRS = 2
+QUICK_SECONDS = 3
+QUICK_LONG_S = 5
+SERVE_PAIRS, SERVE_SECONDS = 6, 8
+DEADLINE_SLACK = 1.1  # a workload may overrun its planned time by this factor, no more
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__)
-    parser.add_argument(
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--full", action="store_true", help="the full run (the default)")
+    mode.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 1 pair of 3 s windows, TPC-B only (~2 minutes)",
-    )
-    parser.add_argument("--pairs", type=int, help="pairs per tool and workload (default 5)")
-    parser.add_argument(
-        "--seconds", type=int, help="window length (default: the longest of 4-10 s that fits)"
+        help=f"smoke run: {QUICK_PAIRS} pairs of {QUICK_SECONDS} s windows per row, "
+        "tiny sizes everywhere",
     )
     parser.add_argument(
         "--minutes",
         type=float,
-        default=17.0,
-        help="time to plan the full run for when choosing the window length (default 17)",
+        default=BOX_MIN,
+        help=f"time box the window length is chosen for (default {BOX_MIN:g})",
     )
+    parser.add_argument("--seconds", type=int, help="window length (default: fits the box)")
     parser.add_argument(
         "--wait-quiet",
         type=float,
         default=0.0,
         metavar="MINUTES",
-        help=f"first wait up to MINUTES for a quiet machine (1-min load < {QUIET_LOAD}, no "
-        "other pgbench/bpftrace/perf), checking every minute",
+        help=f"first wait up to MINUTES for a quiet machine (1-min load < "
+        f"{QUIET_LOAD}, no other pgbench/bpftrace/perf)",
     )
-    parser.add_argument("--tools", help="comma-separated configuration keys (lwlocks,flame-99,...)")
+    parser.add_argument("--workloads", help="select,tpcb,contention (default: all three)")
+    parser.add_argument("--tools", help="configuration keys to keep (clog-reads,waits,...)")
     parser.add_argument(
-        "--workloads", help="tpcb,select (default: both; --quick: tpcb, which has LWLock waits)"
+        "--perf",
+        action="store_true",
+        help="also the perf record -F 99 -g anchor (3 pairs per workload)",
     )
-    parser.add_argument("--no-perf", action="store_true", help="skip the perf record anchor")
-    parser.add_argument("--no-overhead", action="store_true", help="skip the pgbench rounds")
-    parser.add_argument("--no-render", action="store_true", help="skip the render benchmark")
-    parser.add_argument("--no-symbolize", action="store_true", help="skip symbolizing")
+    for part in ("overhead", "probe-cost", "render", "symbolize", "answer", "serve"):
+        parser.add_argument(f"--no-{part}", action="store_true", help=f"skip {part}")
     parser.add_argument(
-        "--no-probe-cost", action="store_true", help="skip the per-fire mechanism cost"
+        "--json",
+        type=Path,
+        default=common.REPO / "docs" / "benchmarks.json",
+        help="the run's results (default docs/benchmarks.json)",
     )
     parser.add_argument(
         "-o",
         "--output",
         type=Path,
         default=common.REPO / "docs" / "benchmarks.md",
-        help="where to write the results (default docs/benchmarks.md)",
+        help="the page rendered from them (default docs/benchmarks.md)",
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        default=common.REPO / "README.md",
+        help="whose Overhead table to rewrite (default README.md)",
+    )
+    return parser.parse_args(argv)
 
 
 def wait_quiet(minutes: float) -> str:
@@ -92,34 +133,62 @@ def wait_quiet(minutes: float) -> str:
         time.sleep(60)
 
 
-def plan(args: argparse.Namespace, configs: int, workloads: int) -> tuple[int, int, float]:
-    """(pairs, seconds per window, warm-up) and print the planned total."""
-    pairs = args.pairs or (1 if args.quick else 5)
-    warmup = 2.0 if args.quick else 5.0
-    fixed = SETUP_S + RENDER_SYMBOLIZE_S * (0.5 if args.quick else 1.0)
+def entries(args: argparse.Namespace) -> list[plan.Entry]:
+    """The (workload, configuration, pairs) of this run, from the profile and the filters."""
+    keys = (args.workloads or ",".join(configs.PROFILE)).split(",")
+    tools = set(args.tools.split(",")) if args.tools else None
+    out = []
+    for workload in keys:
+        rows = list(configs.PROFILE.get(workload, ()))
+        if args.perf:
+            rows.append((configs.PERF_CONFIG.key, configs.PAIRS_COMPARISON))
+        for key, pairs in rows:
+            if tools is None or key in tools:
+                out.append(plan.Entry(workload, key, QUICK_PAIRS if args.quick else pairs))
+    return out
+
+
+def fixed_seconds(args: argparse.Namespace) -> float:
+    parts = {
+        "probe_cost": plan.PROBE_COST_S,
+        "symbolize": plan.SYMBOLIZE_S,
+        "render": plan.RENDER_S,
+        "answer": plan.ANSWER_S,
+        "serve": plan.SERVE_S,
+    }
+    return plan.SETUP_S + sum(v for k, v in parts.items() if not getattr(args, f"no_{k}"))
+
+
+def make_plan(args: argparse.Namespace, chosen: list[plan.Entry]) -> tuple[int, float, int]:
+    """(window seconds, planned total seconds, long capture seconds), and say so."""
+    long_s = QUICK_LONG_S if args.quick else configs.LONG_CAPTURE[2]
+    if not any(
+        e.workload == configs.LONG_CAPTURE[0] and e.config == configs.LONG_CAPTURE[1]
+        for e in chosen
+    ):
+        long_s = 0
+    fixed = fixed_seconds(args)
     if args.seconds:
         seconds = args.seconds
     elif args.quick:
-        seconds = 3
+        seconds = QUICK_SECONDS
     else:
-        seconds = 4
-        for s in range(10, 3, -1):
-            total = fixed + workloads * overhead.planned_seconds(configs, pairs, s, warmup)
-            if total <= args.minutes * 60:
-                seconds = s
-                break
-    per_workload = overhead.planned_seconds(configs, pairs, seconds, warmup)
-    total = fixed + (0 if args.no_overhead else workloads * per_workload)
+        seconds = plan.choose_seconds(chosen, fixed, args.minutes * 60, long_capture_s=long_s)
+    over = 0.0 if args.no_overhead else plan.overhead_seconds(chosen, seconds, long_s)
+    total = fixed + over
     common.log(
-        f"plan: {configs} configurations x {pairs} pairs x {workloads} workloads, windows of "
-        f"{seconds} s: about {total / 60:.1f} min in all ({per_workload / 60:.1f} min per "
-        "workload, plus set-up, render and symbolize)"
+        f"plan: windows of {seconds} s, about {total / 60:.1f} min in all "
+        f"({over / 60:.1f} min of pgbench windows)"
     )
-    return pairs, seconds, warmup
+    for e in chosen:
+        hw = plan.expected_half_width_pct(e.pairs, seconds)
+        resolves = f"expected to resolve ±{hw:.1f} %" if hw else "no interval"
+        common.log(f"  {e.workload:<10} {e.config:<20} {e.pairs:>2} pairs, {resolves}")
+    return seconds, total, long_s
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("scripts/bench: run as root (it runs bpftrace and perf)")
     loadavg_before = common.loadavg()
@@ -127,52 +196,60 @@ def main() -> int:
     if args.wait_quiet > 0:
         loadavg_before = common.loadavg()
     started = time.time()
-    tmp = tempfile.TemporaryDirectory(prefix="pgprobe-bench-")
-    workdir = Path(tmp.name)
-    os.chmod(workdir, 0o755)
-    (workdir / "src").mkdir()
-    source = common.snapshot_source(workdir / "src")
-    common.log(f"running {source}, copied to {workdir / 'src'}")
-    try:
-        return _run(args, loadavg_before, quiet, started, workdir, source)
-    finally:
-        tmp.cleanup()
+    with tempfile.TemporaryDirectory(prefix="pgprobe-bench-") as tmp:
+        workdir = Path(tmp)
+        os.chmod(workdir, 0o755)
+        (workdir / "src").mkdir()
+        source = common.snapshot_source(workdir / "src")
+        common.log(f"running {source}, copied to {workdir / 'src'}")
+        meta = {
+            "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "mode": "quick" if args.quick else "full",
+            "command": "scripts/bench " + " ".join(sys.argv[1:] if argv is None else argv),
+            "loadavg_before": loadavg_before,
+            "quiet": quiet,
+            "source": source,
+            "box_min": args.minutes,
+        }
+        doc = _run(args, meta, started, workdir)
+    results.save(args.json, doc)
+    report.write_benchmarks(args.output, doc)
+    readme = report.write_readme(args.readme, doc)
+    common.log(
+        f"\nwrote {args.json}, {args.output}"
+        + (f" and the Overhead table of {args.readme}" if readme else "")
+        + f" ({doc['elapsed_min']:.1f} min)"
+    )
+    for b in doc["budgets"]:
+        common.log(f"  {b['verdict']:<9} {b['what']}: {b['measured']} (budget {b['limit']})")
+    return 0
 
 
-def _run(
-    args: argparse.Namespace,
-    loadavg_before: tuple[float, float, float],
-    quiet: str,
-    started: float,
-    workdir: Path,
-    source: str,
-) -> int:
-    configs, notes = overhead.choose_configs(with_perf=not args.no_perf)
-    if args.tools:
-        wanted = set(args.tools.split(","))
-        configs = [c for c in configs if c.key in wanted]
-    keys = (args.workloads or ("tpcb" if args.quick else "tpcb,select")).split(",")
-    workloads = [w for w in overhead.WORKLOADS if w.key in keys]
-    pairs, seconds, warmup = plan(args, len(configs), len(workloads))
+def _run(args: argparse.Namespace, meta: dict[str, Any], started: float, workdir: Path) -> Any:
+    chosen = entries(args)
+    available, notes = configs.choose(
+        list(dict.fromkeys(e.config for e in chosen)), with_perf=args.perf
+    )
     for note in notes:
         common.log(f"note: {note}")
+    chosen = [e for e in chosen if e.config in available]
+    seconds, planned, long_s = make_plan(args, chosen)
     settings = {"max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'"}
     cluster = PgCluster(settings=settings, name="pgprobe-bench")
-    run = report.Run(
-        started=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        mode="quick" if args.quick else "full",
-        elapsed_min=0.0,
+    meta.update(
         machine=common.machine_info(cluster.bindir / "postgres"),
-        loadavg_before=loadavg_before,
-        quiet=quiet,
-        pairs=pairs,
         seconds=seconds,
         notes=notes,
-        source=source,
+        planned_min=round(planned / 60, 1),
+        plan=[{"workload": e.workload, "config": e.config, "pairs": e.pairs} for e in chosen],
     )
-    with cluster, common.BpfStats() as stats:
+    sym = pc = rend = None
+    workloads: list[overhead.WorkloadResult] = []
+    summaries: list[overhead.Summary] = []
+    serve: dict[str, Any] | None = None
+    with cluster, bpfstats.BpfStats() as stats:
         if not stats.enabled:
-            run.notes.append(f"BPF run-time statistics unavailable: {stats.error}")
+            notes.append(f"BPF run-time statistics unavailable: {stats.error}")
         common.log(f"cluster at {cluster.root} (port {cluster.port}); pgbench -i -s 2")
         init = cluster.pgbench("-i", "-q", "-s", "2")
         out, _ = init.communicate(timeout=600)
@@ -182,47 +259,65 @@ def _run(
             with cluster.connect() as conn:
                 row = conn.execute("SELECT pg_backend_pid()").fetchone()
                 assert row is not None
-                common.log("symbolize: 100,000 raw stacks...")
-                run.symbolize = symbolize.run(int(str(row[0])))
-            common.log(f"  {run.symbolize}")
+                common.log("symbolize: raw stacks...")
+                sym = symbolize.run(int(str(row[0])), stacks=10_000 if args.quick else 100_000)
         if not args.no_probe_cost:
-            common.log("probe cost: uprobe and syscall tracepoint, ns per fire...")
-            run.probe_cost = probe_cost.run()
-            for m in run.probe_cost.mechanisms:
-                common.log(f"  {m.name}: {m.ns_per_fire} ns/fire")
-        if not args.no_render:
-            common.log("render: 50,000 stacks to SVG...")
-            run.render = render.run(workdir, runs=3 if args.quick else 7)
-            run.notes.extend(run.render.notes)
             common.log(
-                f"  pgprobe flame --from: {run.render.command.wall} s, "
-                f"{run.render.command.peak_rss} MiB"
+                "probe cost: uprobe and tracepoint per fire, context switch under waits.bt..."
             )
-        if not args.no_overhead and configs:
-            tracers = {c.key: overhead.Tracer(c, cluster, workdir) for c in configs}
-            for workload in workloads:
-                common.log(f"overhead: {workload.label}")
-                result = overhead.run_workload(
-                    cluster, workload, configs, pairs, seconds, warmup, tracers
+            pc = probe_cost.run(
+                rounds=2 if args.quick else probe_cost.ROUNDS,
+                switch_rounds=1 if args.quick else probe_cost.SWITCH_ROUNDS,
+            )
+            for m in pc.mechanisms:
+                common.log(f"  {m.name}: {m.ns_per_fire} ns/fire")
+            common.log("  ns per context switch: floor, filter, waits.bt")
+            for line in probe_cost.switch_lines(pc.switches):
+                common.log(f"    {line}")
+        if not args.no_render:
+            common.log("render: stacks to SVG...")
+            rend = render.run(workdir, runs=2 if args.quick else 3)
+            notes.extend(rend.notes)
+        if not args.no_overhead and chosen:
+            tracers = {k: overhead.Tracer(c, cluster, workdir) for k, c in available.items()}
+            workload_keys = list(dict.fromkeys(e.workload for e in chosen))
+            for key in workload_keys:
+                workload = next(w for w in configs.WORKLOADS if w.key == key)
+                mine = [(available[e.config], e.pairs) for e in chosen if e.workload == key]
+                new = sum(1 for c, _ in mine if not tracers[c.key].attach_seen)
+                budget_s = plan.workload_seconds(
+                    [plan.Entry(key, c.key, n) for c, n in mine], seconds, new
                 )
-                run.workloads.append(result)
-                run.summaries.extend(overhead.summarize(result, configs))
-                tps = common.median(w.tps for w in result.untraced)
-                if tps:
-                    run.untraced_tps[workload.label] = tps
-    run.elapsed_min = (time.time() - started) / 60
-    report.write(args.output, run)
-    common.log(f"\nwrote {args.output} ({run.elapsed_min:.1f} min)")
-    for line in report.overhead_table(run):
-        common.log(line)
-    missed = [b for b in report.budgets(run) if b.verdict != "met"]
-    if missed:
-        common.log("\nbudgets missed or undecided:")
-        for b in missed:
-            common.log(f"  {b.what}: {b.measured} (budget {b.limit}): {b.verdict}")
-    else:
-        common.log("\nall budgets met")
-    return 0
+                long_capture = None
+                if key == configs.LONG_CAPTURE[0] and long_s:
+                    long_capture = (configs.LONG_CAPTURE[1], long_s)
+                common.log(f"overhead: {workload.label} (about {budget_s / 60:.1f} min)")
+                result = overhead.run_workload(
+                    cluster,
+                    workload,
+                    mine,
+                    seconds,
+                    plan.WARMUP_S,
+                    tracers,
+                    deadline=time.time() + DEADLINE_SLACK * budget_s,
+                    long_capture=long_capture,
+                )
+                workloads.append(result)
+                summaries.extend(overhead.summarize(result, [c for c, _ in mine]))
+        if not args.no_serve:
+            common.log("serve: pgprobe serve at its default rates (fleet2's measure())...")
+            pairs = QUICK_PAIRS if args.quick else SERVE_PAIRS
+            serve = hooks.run_serve(
+                cluster, pairs, seconds if args.quick else SERVE_SECONDS, args.quick
+            )
+            common.log(f"  serve: {serve['status']} {serve.get('note', '')}")
+    answer = None
+    if not args.no_answer:
+        common.log("time to answer: -d 1 at 5 and 1,000 + 32 backends (bench/answer.py)...")
+        answer = hooks.run_answer(args.quick)
+        common.log(f"  answer: {answer['status']} {answer.get('note', '')}")
+    meta["elapsed_min"] = round((time.time() - started) / 60, 1)
+    return results.document(meta, workloads, summaries, pc, rend, sym, answer, serve)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,8 @@
 """What the benchmark's parts share: statistics, /proc readings, measured child processes,
-
-Long because it is the bench's one toolbox (statistics, /proc readings, measured child
-processes, BPF statistics, machine facts) that every part of the bench uses.
-
-BPF run-time statistics, and the facts about the machine."""
+and the facts about the machine (BPF run-time statistics: bench/bpfstats.py)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import re
@@ -15,7 +10,6 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -160,6 +154,8 @@ def snapshot_source(dest: Path) -> str:
     global RUN_DIR
     RUN_DIR = dest
     head = _first_line(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    if not re.fullmatch(r"[0-9a-f]{4,40}", head):
+        return "a tree outside git (no commit to name)"
     try:
         status = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "pgprobe", "bpf", "d"],
@@ -226,69 +222,6 @@ def foreign_load_processes(own_roots: Iterable[int]) -> list[str]:
         if pid not in own and comm(pid) in TRACER_COMMS:
             found.append(f"{comm(pid)}[{pid}]")
     return sorted(found)
-
-
-# -- BPF run-time statistics -----------------------------------------------------------------
-
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
-_BPF_ENABLE_STATS = 32
-_BPF_STATS_RUN_TIME = 0
-
-
-class BpfStats:
-    """Kernel BPF run-time statistics (run_cnt, run_time_ns per program) while open.
-
-    Uses bpf(BPF_ENABLE_STATS): the statistics stay on while the returned fd is
-    open, and go off by themselves if the benchmark dies. Costs two clock reads
-    per program run (tens of ns) while on.
-    """
-
-    def __init__(self) -> None:
-        self.fd = -1
-        self.error = ""
-
-    def __enter__(self) -> BpfStats:
-        number = _SYS_BPF.get(platform.machine())
-        if number is None:
-            self.error = f"no bpf syscall number for {platform.machine()}"
-            return self
-        libc = ctypes.CDLL(None, use_errno=True)
-        attr = ctypes.create_string_buffer(
-            _BPF_STATS_RUN_TIME.to_bytes(4, sys.byteorder) + bytes(124)
-        )
-        fd = libc.syscall(number, _BPF_ENABLE_STATS, attr, 128)
-        if fd < 0:
-            self.error = os.strerror(ctypes.get_errno())
-        else:
-            self.fd = fd
-        return self
-
-    @property
-    def enabled(self) -> bool:
-        return self.fd >= 0
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def bpf_prog_counters(pid: int) -> tuple[int, int]:
-    """(run_cnt, run_time_ns) summed over the BPF programs that pid holds open."""
-    runs = ns = 0
-    for fd, target in fd_targets(pid):
-        if target != "anon_inode:bpf-prog":
-            continue
-        try:
-            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                info = f.read()
-        except OSError:
-            continue
-        if m := re.search(r"^run_cnt:\s+(\d+)", info, re.M):
-            runs += int(m.group(1))
-        if m := re.search(r"^run_time_ns:\s+(\d+)", info, re.M):
-            ns += int(m.group(1))
-    return runs, ns
 
 
 # -- measured child processes ----------------------------------------------------------------

@@ -52,77 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import common, stats
+from bench import bpfstats, common, plan, stats
+from bench.configs import Config, Workload
 from bench.runtool import ENV as RUSAGE_ENV
 from pgprobe.sandbox import PgCluster
-
-# -- what is measured ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Workload:
-    key: str
-    label: str
-    args: tuple[str, ...]
-
-
-WORKLOADS = (
-    Workload("tpcb", "TPC-B-like: pgbench -c 8 -j 2", ("-c", "8", "-j", "2")),
-    Workload("select", "select-only: pgbench -S -c 8 -j 2", ("-S", "-c", "8", "-j", "2")),
-)
-
-
-@dataclass(frozen=True)
-class Config:
-    """One way of tracing: a pgprobe command, or the perf anchor."""
-
-    key: str
-    label: str
-    kind: str  # "pgprobe" or "perf"
-    tool: str = ""  # the pgprobe command
-    args: tuple[str, ...] = ()
-    budget: float | None = None  # minimum median TPS ratio
-
-
-PGPROBE_CONFIGS = (
-    Config("lwlocks", "lwlocks", "pgprobe", "lwlocks", (), 0.97),
-    Config("flame-49", "flame 49 Hz", "pgprobe", "flame", ("-F", "49")),
-    Config("flame-99", "flame 99 Hz", "pgprobe", "flame", ("-F", "99"), 0.99),
-    Config("flame-999", "flame 999 Hz", "pgprobe", "flame", ("-F", "999")),
-    Config("clog-reads", "clog-reads", "pgprobe", "clog-reads", (), 0.98),
-    Config("triage", "triage", "pgprobe", "triage", (), 0.95),
-)
-PERF_CONFIG = Config("perf-99", "perf record -F 99 -g (anchor)", "perf")
-
-
-def available_commands() -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "pgprobe", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=common.RUN_DIR,
-    )
-    return done.stdout
-
-
-def choose_configs(with_perf: bool) -> tuple[list[Config], list[str]]:
-    """The configurations whose command `pgprobe --help` lists, and notes on the others."""
-    help_text = available_commands()
-    chosen: list[Config] = []
-    notes: list[str] = []
-    for config in PGPROBE_CONFIGS:
-        if re.search(rf"^\s+{re.escape(config.tool)}\s", help_text, re.M):
-            chosen.append(config)
-        elif not any(config.tool in n for n in notes):
-            notes.append(f"`{config.tool}`: skipped, `pgprobe --help` does not list it (yet)")
-    if with_perf:
-        ok, why = common.perf_works()
-        if ok:
-            chosen.append(PERF_CONFIG)
-        else:
-            notes.append(f"perf anchor: skipped, {why}")
-    return chosen, notes
-
 
 # -- pgbench and its one-second reports ------------------------------------------------------
 
@@ -277,15 +210,22 @@ class ToolRun:
     lost: int = 0
     dropped_intervals: int = 0
     warnings: list[str] = field(default_factory=list)
+    # per BPF program in the window: name, kind, fires/s, ns per fire
+    programs: list[dict[str, Any]] = field(default_factory=list)
+    # the tool's own cost figures from its JSON meta (dwarf: bytes_per_sample, perf_stop_s,
+    # unwind_cpu_s; samples, truncated samples)
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 def _tracer_children(pid: int) -> list[int]:
-    """The capture's bpftrace processes (not `bpftrace --version`) among pid's children
-    (triage runs several side by side)."""
+    """The capture's tracer processes among pid's children: bpftrace (not `bpftrace
+    --version`; triage runs several side by side) and `perf record` (--unwind dwarf)."""
     found = []
     for child in common.children(pid):
         argv = common.cmdline(child)
-        if argv and os.path.basename(argv[0]) == "bpftrace" and "--version" not in argv:
+        name = os.path.basename(argv[0]) if argv else ""
+        bpftrace = name == "bpftrace" and "--version" not in argv
+        if bpftrace or (name == "perf" and "record" in argv):
             found.append(child)
     return found
 
@@ -294,9 +234,8 @@ def _tool_cpu(pids: list[int]) -> float:
     return sum(common.proc_cpu_s(p) or 0.0 for p in pids)
 
 
-def _bpf(pids: list[int]) -> tuple[int, int]:
-    counts = [common.bpf_prog_counters(p) for p in pids]
-    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+def _bpf(pids: list[int], names: dict[int, str]) -> list[bpfstats.Program]:
+    return [p for pid in pids for p in bpfstats.programs(pid, names)]
 
 
 def _attach_times(doc: Any) -> list[float]:
@@ -324,6 +263,62 @@ def _events(config: Config, doc: dict[str, Any]) -> float | None:
     return None
 
 
+FALLBACK_ATTACH_WAIT_S = 8.0
+EARLY_SIGINT = "interrupted before the probes were attached"  # pgprobe's words, exit 130
+ATTACH_SETTLE_S = 1.0
+# pgprobe prints phase marks on stderr with this set (pgprobe/timings.py): "<tracer>-spawned"
+# and "<tracer>-attached" are the exact moments; without them the perf-event heuristic.
+TIMINGS_ENV = "PGPROBE_TIMINGS"
+TIMING_PREFIX = "pgprobe: timing "
+
+
+def _timing_marks(err_path: Path) -> tuple[int, int] | None:
+    """(tracers spawned, tracers attached) from pgprobe's timing marks so far; None while
+    the tool prints none (a pgprobe without timings, or not started yet)."""
+    try:
+        text = err_path.read_text(errors="replace")
+    except OSError:
+        return None
+    phases = [line[len(TIMING_PREFIX) :].split()[0] for line in text.splitlines()
+              if line.startswith(TIMING_PREFIX) and len(line) > len(TIMING_PREFIX)]  # fmt: skip
+    if not phases:
+        return None
+    spawned = sum(1 for p in phases if p.endswith("-spawned"))
+    attached = sum(1 for p in phases if p.endswith("-attached"))
+    return spawned, attached
+
+
+@dataclass
+class _AttachWatch:
+    """When a tracer's probes are attached, from its open perf events.
+
+    bpftrace 0.17 attaches each probe (tracepoint, uprobe, USDT, profile timer, its own
+    BEGIN/END) with perf_event_open, after loading the programs and opening one output
+    buffer per CPU: once it holds more perf events than CPUs + programs, and the count has
+    stayed the same for ATTACH_SETTLE_S, every probe is in. perf record opens its events
+    (per CPU and target) before it starts writing: steady and at least one per CPU.
+    The tool's own attach time (meta.attach_s) confirms it afterwards.
+    """
+
+    count: int = -1
+    since: float = 0.0
+    ready: bool = False
+
+    def look(self, pid: int, now: float) -> None:
+        fds = [target for _, target in common.fd_targets(pid)]
+        perf = fds.count("anon_inode:[perf_event]")
+        progs = fds.count("anon_inode:bpf-prog")
+        if perf != self.count:
+            self.count, self.since = perf, now
+        enough = perf >= common.NCPU + progs if progs else perf >= common.NCPU
+        if common.comm(pid) == "bpftrace" and not progs:
+            enough = False
+        self.ready = enough
+
+    def settled(self, now: float) -> bool:
+        return self.ready and now - self.since >= ATTACH_SETTLE_S
+
+
 @dataclass
 class _Times:
     """Wall-clock moments of one traced window (time.time())."""
@@ -337,7 +332,7 @@ class _Times:
     busy: tuple[float, float] = (0.0, 0.0)  # CPUs busy machine-wide: seconds busy, total
     tool_cpu_s: float = 0.0
     work_cpu_s: float = 0.0  # the cluster's and pgbench's CPU in the window
-    bpf: tuple[int, int] = (0, 0)  # BPF run count and run time (ns) in the window
+    bpf: list[bpfstats.Program] = field(default_factory=list)  # runs and ns in the window
     switches_per_s: float = 0.0  # context switches of the machine in the window
 
 
@@ -350,6 +345,11 @@ class Tracer:
         self.workdir = workdir
         self.attach_seen: list[float] = []
         self.failures = 0  # counted runs that failed; after 2 the configuration is skipped
+        self.prog_names: dict[int, str] = {}  # BPF program names by id, read once
+        # Ctrl-C came before the probes were attached: the heuristic opened the window too
+        # early; the next windows wait at least this long after the tracer appears
+        self.min_attach_s = 0.0
+        self.early_retries = 0
 
     def attach_wait(self) -> float:
         """How long to wait after the tracer appears: 1.5 x the longest attach seen + 0.3 s."""
@@ -376,7 +376,7 @@ class Tracer:
             stale.unlink(missing_ok=True)
         wait = self.attach_wait()
         # Long enough for the window and the waits before it; the window ends with SIGINT.
-        argv = self.argv(int(seconds + wait + 6), perf_data)
+        argv = self.argv(int(seconds + max(wait, FALLBACK_ATTACH_WAIT_S) + 20), perf_data)
         with open(out_path, "w") as out, open(err_path, "w") as err:
             times = _Times(start=time.time())
             child = subprocess.Popen(
@@ -385,10 +385,10 @@ class Tracer:
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 cwd=common.RUN_DIR,
-                env={**os.environ, RUSAGE_ENV: str(rusage)},
+                env={**os.environ, RUSAGE_ENV: str(rusage), TIMINGS_ENV: "1"},
             )
         try:
-            self._window(child, argv, times, wait, bench, seconds, result)
+            self._window(child, argv, times, wait, bench, seconds, result, err_path)
         finally:
             if child.returncode is None and child.poll() is None:
                 child.kill()
@@ -400,20 +400,37 @@ class Tracer:
                 self._pgprobe_results(result, times, out_path, err_path, rusage, bench)
         if not result.ok:
             result.error += " " + err_path.read_text(errors="replace").strip()[-400:]
-            self.failures += 1
+            early = EARLY_SIGINT in result.error and times.sigint and times.spawn
+            if early and self.early_retries < 3:
+                # the bench's mistake, not the tool's: wait longer next time
+                self.early_retries += 1
+                self.min_attach_s = max(self.min_attach_s, 2 * (times.sigint - times.spawn))
+            else:
+                self.failures += 1
         perf_data.unlink(missing_ok=True)
         return result
 
     def _attach(
-        self, child: subprocess.Popen[bytes], argv: list[str], t: _Times, wait: float
+        self,
+        child: subprocess.Popen[bytes],
+        argv: list[str],
+        t: _Times,
+        wait: float,
+        err_path: Path,
     ) -> list[int]:
-        """Wait for the tracers to start, then `wait` more seconds for their probes.
+        """Wait for the tracers to start and their probes to be attached.
 
-        pgprobe: its bpftrace children (several for triage); perf: until it has opened
-        one sampling and one tracking event per CPU for each target.
+        pgprobe: its tracer children (bpftrace, several for triage; perf record for
+        --unwind dwarf) until each has its perf events open and steady (_AttachWatch) and
+        the longest attach time seen for this tool has passed; at most `wait` (the first
+        time FALLBACK_ATTACH_WAIT_S) after the last tracer appeared. The perf
+        anchor: until it has opened one sampling and one tracking event per CPU for each
+        target.
         """
         perf_targets = len(argv[argv.index("-p") + 1].split(",")) if "-p" in argv else 0
         seen: dict[int, float] = {}
+        watch: dict[int, _AttachWatch] = {}
+        learned = max(max(self.attach_seen, default=0.0), self.min_attach_s)
         deadline = t.start + 60
         while time.time() < deadline and child.poll() is None:
             now = time.time()
@@ -423,8 +440,21 @@ class Tracer:
             else:
                 for pid in _tracer_children(child.pid):
                     seen.setdefault(pid, now)
-            if seen and now >= max(seen.values()) + wait:
-                break
+                    watch.setdefault(pid, _AttachWatch()).look(pid, now)
+            marks = _timing_marks(err_path)
+            if marks is not None and self.config.kind != "perf":
+                spawned, attached = marks
+                if seen and spawned and attached >= spawned:
+                    break  # pgprobe says every tracer it started has its probes attached
+            elif seen:
+                since = now - max(seen.values())
+                # every tracer's perf events open and steady, and at least as long as this
+                # tool's attach took before (bpftrace loads and attaches probe by probe)
+                if all(w.settled(now) for w in watch.values()) and since >= learned:
+                    break
+                limit = wait if self.attach_seen else FALLBACK_ATTACH_WAIT_S
+                if since >= max(limit, self.min_attach_s):
+                    break
             time.sleep(0.01)
         if seen:
             t.spawn, t.spawn_last = min(seen.values()), max(seen.values())
@@ -439,8 +469,9 @@ class Tracer:
         bench: Pgbench,
         seconds: int,
         result: ToolRun,
+        err_path: Path,
     ) -> None:
-        tracers = self._attach(child, argv, t, wait)
+        tracers = self._attach(child, argv, t, wait, err_path)
         if not tracers or child.poll() is not None:
             result.ok = False
             result.error = f"no tracer after {time.time() - t.start:.1f} s (exit {child.poll()})"
@@ -450,12 +481,13 @@ class Tracer:
         t.first_end = start_of_window + 1
         t.last_end = start_of_window + seconds
         common.sleep_until(start_of_window)
-        cpu0, bpf0, busy0 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        names = self.prog_names
+        cpu0, bpf0, busy0 = _tool_cpu(pids), _bpf(tracers, names), common.machine_cpu_s()
         switches0 = common.context_switches()
         work0 = bench.workload_cpu_s()
         common.sleep_until(t.last_end)
         bench.wait_report(t.last_end - 0.5)
-        cpu1, bpf1, busy1 = _tool_cpu(pids), _bpf(tracers), common.machine_cpu_s()
+        cpu1, bpf1, busy1 = _tool_cpu(pids), _bpf(tracers, names), common.machine_cpu_s()
         t.switches_per_s = common.switches_per_s(switches0, common.context_switches())
         t.work_cpu_s = bench.workload_cpu_s() - work0
         if child.poll() is not None:
@@ -463,12 +495,16 @@ class Tracer:
             result.error = f"the tool ended before the window did (exit {child.returncode})"
             return
         t.tool_cpu_s = cpu1 - cpu0
-        t.bpf = (bpf1[0] - bpf0[0], bpf1[1] - bpf0[1])
+        t.bpf = bpfstats.delta(bpf0, bpf1)
         t.busy = (busy1[0] - busy0[0], busy1[1] - busy0[1])
         # Ctrl-C, and the time until the output is written and the process gone.
         t.sigint = time.time()
         child.send_signal(signal.SIGINT)
         done = common.wait_measured(child, t.sigint)
+        # pgprobe does not await a bpftrace that has answered: it detaches its probes
+        # after pgprobe exits (a uprobe in 80-150 ms). The next untraced window starts
+        # once it is gone.
+        _wait_gone(tracers)
         result.finish_s = done.wall_s
         result.cpu_total_s = done.cpu_s
         if self.config.kind == "perf":
@@ -487,9 +523,15 @@ class Tracer:
         result.window = window
         span = t.last_end - (t.first_end - 1)
         result.tool_cpu_pct = 100 * t.tool_cpu_s / span
-        if t.bpf[0] > 0:
-            result.fires_per_s = t.bpf[0] / span
-            result.bpf_ns_per_fire = t.bpf[1] / t.bpf[0]
+        runs, ns = sum(p.runs for p in t.bpf), sum(p.ns for p in t.bpf)
+        if runs > 0:
+            result.fires_per_s = runs / span
+            result.bpf_ns_per_fire = ns / runs
+        result.programs = [
+            {"name": p.name, "kind": p.kind, "fires_per_s": round(p.runs / span, 1),
+             "bpf_ns_per_fire": round(p.ns / p.runs, 1) if p.runs else None}
+            for p in t.bpf
+        ]  # fmt: skip
         if window.intervals == 0:
             result.ok = False
             result.error = "no whole second of the window had the probes attached"
@@ -531,6 +573,7 @@ class Tracer:
         result.events_per_s = _events(self.config, doc)
         result.lost = int(meta.get("lost_events", 0)) + int(meta.get("lost_samples", 0))
         result.warnings = [str(w) for w in meta.get("warnings", [])]
+        result.meta = {k: meta[k] for k in META_KEPT if meta.get(k) is not None}
         if rusage.exists():
             usage = json.loads(rusage.read_text())
             result.rss_mib = usage["self_maxrss_kib"] / common.KIB_PER_MIB
@@ -595,41 +638,41 @@ class WorkloadResult:
     foreign_processes: set[str] = field(default_factory=set)
     loadavg_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     elapsed_s: float = 0.0
-
-
-def planned_seconds(configs: int, pairs: int, seconds: int, warmup: float) -> float:
-    """A workload's expected length: windows, plus about 3.5 s of attach and finish per
-    traced window and half a second of boundary wait per untraced one, and a first run of
-    each tool (about 5 s; only in the first workload, counted in each to be safe)."""
-    traced = configs * pairs
-    return warmup + 5 * configs + (traced + 1) * (seconds + 0.6) + traced * (seconds + 3.5)
+    long_runs: list[ToolRun] = field(default_factory=list)  # e.g. a 30 s dwarf capture
+    cut_at_cycle: int | None = None  # the time box ended the cycles early
 
 
 def run_workload(
     cluster: PgCluster,
     workload: Workload,
-    configs: list[Config],
-    pairs: int,
+    entries: list[tuple[Config, int]],
     seconds: int,
     warmup: float,
     tracers: dict[str, Tracer],
+    deadline: float | None = None,
+    long_capture: tuple[str, int] | None = None,
 ) -> WorkloadResult:
-    """Warm-up, then A T A T ... A over the configurations, `pairs` times each.
+    """Warm-up, then A T A T ... A over the configurations, each its own number of pairs.
 
     A tool that has never run yet runs once first for 1 s (not counted), so that its
     attach time is known and the first counted run does not start the window early.
+    Past `deadline` (time.time()) no new cycle starts once every configuration has two
+    pairs. `long_capture` (configuration key, seconds): one more traced run of that
+    length at the end, for its finish time (not a pair).
     """
     result = WorkloadResult(workload, seconds, loadavg_before=common.loadavg())
     roots = [os.getpid(), cluster.postmaster_pid]
     busy0, total0 = common.machine_cpu_s()
     ours0 = common.tree_cpu_s(roots)
     started = time.time()
-    length = planned_seconds(len(configs), pairs, seconds, warmup)
+    plan_entries = [plan.Entry(workload.key, c.key, n) for c, n in entries]
+    length = plan.workload_seconds(plan_entries, seconds, len(entries))
+    length += long_capture[1] + plan.LONG_EXTRA_S if long_capture else 0
     bench = Pgbench(cluster, workload, int(length * 2 + 600))
     try:
         bench.wait_started()
         time.sleep(warmup)
-        for config in configs:
+        for config, _ in entries:
             tracer = tracers[config.key]
             if not tracer.attach_seen:
                 common.log(
@@ -641,9 +684,14 @@ def run_workload(
         before = untraced_window(bench, seconds)
         result.untraced.append(before)
         n = 0
-        for cycle in range(pairs):
-            shift = cycle % len(configs)
-            for config in configs[shift:] + configs[:shift]:
+        for cycle in range(max((p for _, p in entries), default=0)):
+            if deadline is not None and time.time() > deadline and cycle >= 2:
+                common.log(f"  [{workload.key}] time box reached: no more cycles")
+                result.cut_at_cycle = cycle
+                break
+            due = [c for c, p in entries if p > cycle]
+            shift = cycle % len(due)
+            for config in due[shift:] + due[:shift]:
                 tracer = tracers[config.key]
                 if tracer.failures >= 2:
                     continue
@@ -661,6 +709,16 @@ def run_workload(
                 result.pairs.append(pair)
                 common.log(f"  [{workload.key} {n}] {describe(pair)}")
                 before = after
+        if long_capture is not None and long_capture[0] in tracers:
+            key, capture_s = long_capture
+            common.log(f"  [{workload.key}] {key}: one {capture_s} s capture, for its finish time")
+            long_run = tracers[key].run(bench, capture_s)
+            result.long_runs.append(long_run)
+            common.log(
+                f"    finish {_f(long_run.finish_s, '.2f')} s, "
+                f"{long_run.meta.get('bytes_per_sample', '-')} bytes/sample"
+                + ("" if long_run.ok else f", FAILED {long_run.error}")
+            )
     finally:
         bench.stop()
     busy1, total1 = common.machine_cpu_s()
@@ -671,6 +729,21 @@ def run_workload(
         )
     result.elapsed_s = time.time() - started
     return result
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Until none of pids is alive (a zombie counts as gone), at most `timeout` seconds."""
+    deadline = time.time() + timeout
+    for pid in pids:
+        while time.time() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                break
+            if state in ("Z", "X"):
+                break
+            time.sleep(0.02)
 
 
 def _f(value: float | None, fmt: str) -> str:
@@ -691,6 +764,10 @@ def describe(pair: Pair) -> str:
 
 
 MIN_FIRES_FOR_COST = 1000.0
+# The tools' own cost figures kept from their JSON meta
+META_KEPT = ("unwind", "bytes_per_sample", "perf_stop_s", "unwind_cpu_s", "perf_cpu_s",
+             "samples", "samples_taken", "truncated_samples", "source", "missed_runs",
+             "unseen_events")  # fmt: skip
 
 # -- summaries -------------------------------------------------------------------------------
 

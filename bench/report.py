@@ -1,65 +1,33 @@
-"""docs/benchmarks.md and the budgets.
+"""docs/benchmarks.md and the README's Overhead table, from a run's JSON (bench/results.py).
 
-Long because every table of docs/benchmarks.md is written here, beside the budgets.
+    .venv/bin/python -m bench.report [docs/benchmarks.json]   # re-render both from a run
 
-The bench writes its results between two marker lines of docs/benchmarks.md and
-leaves the rest of the file (the hand-written method and analysis) alone.
+Long because every table of docs/benchmarks.md is written here, one function each.
+
+Only the text between the marker lines is rewritten: in docs/benchmarks.md between
+BEGIN and END (the hand-written method and analysis around them, and the soak section
+between `<!-- soak:start -->` and `<!-- soak:end -->`, stay as they are, wherever they
+are); in README.md between README_BEGIN and README_END.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from bench import common, stats
-from bench.overhead import Summary, WorkloadResult
-from bench.probe_cost import ProbeCostResult
-from bench.render import RenderResult, Timed
-from bench.symbolize import SymbolizeResult
+from bench import common, results
 
 BEGIN = "<!-- bench:begin: written by scripts/bench, edits between these lines are lost -->"
 END = "<!-- bench:end -->"
+README_BEGIN = "<!-- overhead-table:begin: written by scripts/bench from docs/benchmarks.json -->"
+README_END = "<!-- overhead-table:end -->"
+SOAK = re.compile(r"<!-- soak:start -->.*?<!-- soak:end -->\n?", re.S)
+SHOWN = {"met": "met", "missed": "**MISSED**", "undecided": "undecided"}
 
-ATTACH_BUDGET_S = 1.0
-FINISH_BUDGET_S = 1.5
-RENDER_BUDGET_S = 0.5
-RSS_BUDGET_MIB = 150.0
-
-
-@dataclass
-class Budget:
-    what: str
-    limit: str
-    measured: str
-    met: bool
-    # "met" / "missed", or "undecided" when the ratio's 95 % interval straddles the budget
-    verdict: str = ""
-
-    def __post_init__(self) -> None:
-        self.verdict = self.verdict or ("met" if self.met else "missed")
-
-
-@dataclass
-class Run:
-    """Everything one run of the bench found."""
-
-    started: str  # ISO date and time, UTC
-    mode: str  # "full" or "quick"
-    elapsed_min: float
-    machine: dict[str, str]
-    loadavg_before: tuple[float, float, float]
-    quiet: str  # what the wait for a quiet machine gave
-    pairs: int
-    seconds: int
-    workloads: list[WorkloadResult] = field(default_factory=list)
-    summaries: list[Summary] = field(default_factory=list)
-    render: RenderResult | None = None
-    symbolize: SymbolizeResult | None = None
-    probe_cost: ProbeCostResult | None = None
-    notes: list[str] = field(default_factory=list)
-    untraced_tps: dict[str, float] = field(default_factory=dict)
-    source: str = ""  # which code was measured
+Doc = dict[str, Any]
 
 
 def _f(value: float | None, fmt: str, unit: str = "") -> str:
@@ -67,7 +35,7 @@ def _f(value: float | None, fmt: str, unit: str = "") -> str:
 
 
 def _range(values: Iterable[float], fmt: str) -> str:
-    got = list(values)
+    got = [v for v in values if v is not None]
     if not got:
         return "-"
     med = common.median(got)
@@ -77,336 +45,427 @@ def _range(values: Iterable[float], fmt: str) -> str:
     return f"{format(med, fmt)} [{format(min(got), fmt)}–{format(max(got), fmt)}]"
 
 
-def budgets(run: Run) -> list[Budget]:
-    out: list[Budget] = []
-    for s in run.summaries:
-        if s.config.budget is None or s.ratio is None:
-            continue
-        iv = s.interval
-        if iv is None:  # one pair: no interval, judged on the value alone
-            out.append(
-                Budget(
-                    f"{s.config.label}, {s.workload.key}: TPS ratio (1 pair)",
-                    f">= {s.config.budget:.2f}",
-                    _range(s.ratios, ".3f"),
-                    s.ratio >= s.config.budget,
-                )
-            )
-            continue
-        verdict = iv.verdict(s.config.budget)
-        out.append(
-            Budget(
-                f"{s.config.label}, {s.workload.key}: TPS ratio (geometric mean, 95 % CI)",
-                f">= {s.config.budget:.2f}",
-                iv.text(),
-                verdict != "missed",
-                verdict,
-            )
-        )
-    for s in run.summaries:
-        if s.config.kind != "pgprobe" or not s.runs:
-            continue
-        name = f"{s.config.label}, {s.workload.key}"
-        attach = s.med("start_to_attach_s")
-        if attach is not None:
-            out.append(
-                Budget(
-                    f"{name}: start to probes attached (median)",
-                    f"<= {ATTACH_BUDGET_S:.1f} s",
-                    f"{attach:.2f} s",
-                    attach <= ATTACH_BUDGET_S,
-                )
-            )
-        finish = s.med("finish_s")
-        if finish is not None:
-            out.append(
-                Budget(
-                    f"{name}: Ctrl-C to output written (median)",
-                    f"<= {FINISH_BUDGET_S:.1f} s",
-                    f"{finish:.2f} s",
-                    finish <= FINISH_BUDGET_S,
-                )
-            )
-        rss = s.peak("rss_mib")
-        if rss is not None:
-            out.append(
-                Budget(
-                    f"{name}: pgprobe peak RSS (max)",
-                    f"<= {RSS_BUDGET_MIB:.0f} MiB",
-                    f"{rss:.0f} MiB",
-                    rss <= RSS_BUDGET_MIB,
-                )
-            )
-    r = run.render
-    if r is not None and r.command.wall is not None:
-        out.append(
-            Budget(
-                "render 50k stacks: `pgprobe flame --from` wall (median)",
-                f"<= {RENDER_BUDGET_S:.1f} s",
-                f"{r.command.wall:.3f} s",
-                r.command.wall <= RENDER_BUDGET_S,
-            )
-        )
-        peak = r.command.peak_rss
-        assert peak is not None
-        out.append(
-            Budget(
-                "render 50k stacks: peak RSS (max)",
-                f"<= {RSS_BUDGET_MIB:.0f} MiB",
-                f"{peak:.0f} MiB",
-                peak <= RSS_BUDGET_MIB,
-            )
-        )
-    return out
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.2f} %"
 
 
-def overhead_table(run: Run) -> list[str]:
+def _iv(iv: dict[str, Any] | None) -> str:
+    return "-" if iv is None else f"{iv['mean']:.3f} [{iv['low']:.3f}–{iv['high']:.3f}]"
+
+
+def header(doc: Doc) -> list[str]:
+    m = doc["machine"]
+    load = doc["loadavg_before"]
     lines = [
-        "| tool | workload | TPS ratio median [min–max] | geometric mean [95 % CI] "
-        "| resolves ± | pairs for ± 2 % | pairs | events/s | attach s | finish s | RSS MiB |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "## Results of the last run",
+        "",
+        f"Run {doc['started']} UTC, `{doc['command']}`, {doc['elapsed_min']:.1f} min; windows "
+        f"of {doc['seconds']} s. Code: {doc['source']}. Every figure below comes from "
+        "[benchmarks.json](benchmarks.json) (`python -m bench.report` re-renders it).",
+        "",
+        f"Machine: {m.get('os')}, kernel {m.get('kernel')}, {m.get('cpus')} CPUs, "
+        f"{m.get('memory')}; {m.get('postgresql')}; {m.get('bpftrace')}; Python "
+        f"{m.get('python')}; {m.get('perf')}.",
+        "",
+        f"- Before the run: load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}. "
+        f"{doc['quiet']}",
     ]
-    for s in run.summaries:
-        if not s.runs:
-            continue
-        iv = s.interval
-        needed = stats.pairs_needed(s.ratios, 2.0)
+    for w in doc["workloads"]:
+        others = ", ".join(w["foreign_processes"]) or "none"
         lines.append(
-            f"| {s.config.label} | {s.workload.label} | {_range(s.ratios, '.3f')} "
-            f"| {iv.text() if iv else '-'} | {_f(iv.half_width_pct if iv else None, '.1f', ' %')} "
-            f"| {_f(needed, ',d')} "
-            f"| {len(s.ratios)} | {_f(s.med('events_per_s'), ',.0f')} "
-            f"| {_f(s.med('start_to_attach_s'), '.2f')} | {_f(s.med('finish_s'), '.2f')} "
-            f"| {_f(s.peak('rss_mib'), '.0f')} |"
+            f"- {w['label']}: {w['elapsed_s'] / 60:.1f} min, untraced "
+            f"{_f(w['untraced_tps'], ',.0f')} tps, {_f(w['busy_cpus'], '.2f')} CPUs busy, "
+            f"{_f(w['switches_per_s'], ',.0f')} "
+            f"context switches/s; other processes {_f(w['foreign_cpu_pct'], '.1f', ' %')} of "
+            f"the CPU time; other pgbench/bpftrace/perf seen: {others}."
+            + (
+                f" The time box ended it after {w['cut_at_cycle']} cycles."
+                if w["cut_at_cycle"]
+                else ""
+            )
         )
     return lines
 
 
-def cost_table(run: Run) -> list[str]:
+def budget_table(doc: Doc) -> list[str]:
     lines = [
-        "| tool | workload | CPU/transaction traced/untraced median [min–max] "
-        "| probe fires/s | switches/s | BPF ns/fire | extra CPU µs/fire "
-        "| tool CPU % | pgprobe start s | bpftrace attach s | bpftrace RSS MiB | lost "
-        "| seconds dropped |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "### Budgets",
+        "",
+        "TPS ratios: met when the whole 95 % interval is at or above the budget, missed when "
+        "it is all below; where it straddles the budget, the measured cost per probe fire "
+        "decides when every probe's mechanism was measured (column *decided by*).",
+        "",
+        "| budget | limit | measured | verdict | decided by |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for s in run.summaries:
-        if not s.runs:
-            continue
-        switches = common.median(r.window.switches_per_s for r in s.runs if r.window)
-        lost = sum(r.lost for r in s.runs)
+    for b in doc["budgets"]:
         lines.append(
-            f"| {s.config.label} | {s.workload.key} | {_range(s.cpu_ratios, '.3f')} "
-            f"| {_f(s.med('fires_per_s'), ',.0f')} | {_f(switches, ',.0f')} "
-            f"| {_f(s.med('bpf_ns_per_fire'), ',.0f')} | {_f(s.extra_cpu_us_per_fire, '.2f')} "
-            f"| {_f(s.med('tool_cpu_pct'), '.1f')} | {_f(s.med('spawn_s'), '.2f')} "
-            f"| {_f(s.med('attach_s'), '.2f')} "
-            f"| {_f(s.peak('tracer_rss_mib'), '.0f')} | {lost:,} "
-            f"| {sum(r.dropped_intervals for r in s.runs)} |"
+            f"| {b['what']} | {b['limit']} | {b['measured']} | {SHOWN[b['verdict']]} "
+            f"| {b['decided_by']} |"
         )
     return lines
 
 
-def probe_cost_section(run: Run) -> list[str]:
-    """The mechanism's cost per fire, and each tool's modelled cost from it."""
-    pc = run.probe_cost
-    if pc is None:
-        return []
+def overhead_table(doc: Doc) -> list[str]:
+    lines = [
+        "### TPS ratio, with the tool / without (interleaved pairs)",
+        "",
+        "| tool | workload | geometric mean [95 % CI] | resolves ± | pairs | pairs for ± 2 % "
+        "| median [min–max] | CPU/tx ratio | events/s | attach s | finish s | RSS MiB |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for w in doc["workloads"]:
+        for r in w["rows"]:
+            iv = r["interval"]
+            med = r["median"]
+            lines.append(
+                f"| {r['label']} | {w['key']} | {_iv(iv)} "
+                f"| {_f(iv['half_width_pct'] if iv else None, '.1f', ' %')} | {len(r['ratios'])} "
+                f"| {_f(r['pairs_needed_2pct'], ',d')} | {_range(r['ratios'], '.3f')} "
+                f"| {_range(r['cpu_ratios'], '.3f')} | {_f(med.get('events_per_s'), ',.0f')} "
+                f"| {_f(med.get('start_to_attach_s'), '.2f')} | {_f(med.get('finish_s'), '.2f')} "
+                f"| {_f(r['peak_rss_mib'], '.0f')} |"
+            )
+    return lines
+
+
+def cost_table(doc: Doc) -> list[str]:
+    mech = results.mechanism_ns(doc.get("probe_cost"))
     lines = [
         "### Cost per probe fire",
         "",
-        "Measured directly (bench/probe_cost.py): thread CPU time per iteration of a small C "
-        "program, traced minus untraced, medians of interleaved rounds. CPU time, so other "
-        "load on the machine does not count in it.",
+        "Per BPF program, medians of the traced windows: fires/s and BPF ns per fire from "
+        "kernel BPF statistics; the mechanism (uprobe trap, tracepoint dispatch) from "
+        "bench/probe_cost.py below. CPU ms/s = fires/s × (BPF + mechanism ns) + pgprobe's "
+        "and its tracers' own CPU; share = of the CPU the untraced workload used.",
+        "",
+        "| tool | workload | program (kind) | fires/s | BPF ns/fire | mechanism ns/fire "
+        "| context switches/s |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for w in doc["workloads"]:
+        for r in w["rows"]:
+            for p in r["programs"]:
+                lines.append(
+                    f"| {r['label']} | {w['key']} | `{p['name']}` ({p['kind']}) "
+                    f"| {_f(p['fires_per_s'], ',.0f')} | {_f(p['bpf_ns_per_fire'], ',.0f')} "
+                    f"| {_f(mech.get(p['kind']), ',.0f')} | {_f(r['switches_per_s'], ',.0f')} |"
+                )
+    lines += [
+        "",
+        "| tool | workload | BPF ms/s | mechanism ms/s | pgprobe + tracers ms/s | total ms/s "
+        "| share of workload CPU | ratio it implies |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for w in doc["workloads"]:
+        for r in w["rows"]:
+            c = r.get("cost")
+            if not c:
+                continue
+            share = c["share_of_workload_cpu"]
+            note = (
+                f" (not modelled: {', '.join(c['unmodelled_kinds'])})"
+                if c["unmodelled_kinds"]
+                else ""
+            )
+            lines.append(
+                f"| {r['label']} | {w['key']} | {c['bpf_ms_per_s']:.2f} "
+                f"| {c['mechanism_ms_per_s']:.2f} | {c['tool_ms_per_s']:.2f} "
+                f"| {c['total_ms_per_s']:.2f} | {_pct(share)} "
+                f"| {_f(c['implied_ratio'], '.4f')}{note} |"
+            )
+    return lines
+
+
+def probe_cost_section(doc: Doc) -> list[str]:
+    pc = doc.get("probe_cost")
+    if not pc:
+        return []
+    lines = [
+        "### The mechanisms, per fire",
+        "",
+        "Thread CPU time per iteration of a small C program (bench/probe_cost.c), traced minus "
+        "untraced, medians of interleaved rounds: CPU time, so other load does not count.",
         "",
         "| mechanism | probe | ns per fire |",
         "| --- | --- | ---: |",
     ]
-    for m in pc.mechanisms:
-        lines.append(f"| {m.name} | `{m.probe}` | {_f(m.ns_per_fire, ',.0f')} |")
-    lines += ["", *[f"- {n}" for n in pc.notes]] if pc.notes else []
     lines += [
-        "",
-        "Modelled cost of each tool: probe fires/s × (BPF ns per fire, measured with "
-        "kernel.bpf_stats_enabled during its traced windows) as a share of the CPU time the "
-        "untraced workload used. This leaves out the trap or tracepoint dispatch, which the "
-        "table above gives per mechanism; it resolves far below the TPS ratio's noise.",
-        "",
-        "| tool | workload | probe fires/s | BPF ns/fire | BPF CPU ms/s "
-        "| share of the workload's CPU |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        f"| {m['name']} | `{m['probe']}` | {_f(m['ns_per_fire'], ',.0f')} |"
+        for m in pc["mechanisms"]
     ]
-    for s in run.summaries:
-        fires, ns = s.med("fires_per_s"), s.med("bpf_ns_per_fire")
-        if fires is None or ns is None or s.busy_cpus is None or not s.busy_cpus:
-            continue
-        ms = fires * ns / 1e6
-        lines.append(
-            f"| {s.config.label} | {s.workload.key} | {fires:,.0f} | {ns:,.0f} | {ms:.2f} "
-            f"| {ms / (s.busy_cpus * 1000) * 100:.2f} % |"
-        )
-    return lines + [""]
+    return lines + switch_section(pc) + [f"- {n}" for n in pc["notes"]]
 
 
-def _timed_row(name: str, t: Timed) -> str:
-    return (
-        f"| {name} | {_range(t.walls, '.3f')} | {_f(common.median(t.cpu), '.3f')} "
-        f"| {_f(t.peak_rss, '.1f')} |"
-    )
-
-
-def render_section(run: Run) -> list[str]:
-    r = run.render
-    lines: list[str] = []
-    if r is None:
-        return lines
-    if not r.stacks:
-        return [f"- {n}" for n in r.notes]
-    lines += [
-        f"Input: {r.input}: {r.stacks:,} unique stacks, {r.samples:,} samples, "
-        f"{r.input_mib:.1f} MiB; {len(r.command.walls)} runs each.",
-        "",
-        "| renderer | wall s median [min–max] | CPU s (median) | peak RSS MiB |",
-        "| --- | ---: | ---: | ---: |",
-        _timed_row("`pgprobe flame --from FILE -o out.svg` (whole process)", r.command),
-        f"| `render_svg(Path)` in process, first call / median of all calls "
-        f"| {_f(r.inprocess_first_s, '.3f')} / {_f(r.inprocess_median_s, '.3f')} | "
-        f"| {_f(r.inprocess_rss_mib, '.1f')} |",
-    ]
-    if r.inferno is not None:
-        lines.append(_timed_row(f"inferno-flamegraph ({r.inferno_note}, anchor)", r.inferno))
-    else:
-        lines.append(f"| inferno-flamegraph: {r.inferno_note} | - | - | - |")
-    lines += ["", f"SVG written by pgprobe: {r.svg_mib:.2f} MiB."]
-    return lines
-
-
-def symbolize_section(run: Run) -> list[str]:
-    s = run.symbolize
-    if s is None:
+def switch_section(pc: Doc) -> list[str]:
+    """ns per context switch: the floor, the filter, waits.bt (issue 14)."""
+    switches = pc.get("switches") or []
+    if not switches:
         return []
-    if s.note:
-        return [f"- {s.note}"]
-    per_frame_cold = s.cold_s / s.frames * 1e9
-    return [
-        f"{s.stacks:,} raw stacks of 30 frames ({s.frames:,} frames, {s.distinct:,} distinct "
-        f"addresses in {s.modules} of a live backend), one fresh process:",
-        "",
-        "| pass | seconds | stacks/s | ns/frame |",
-        "| --- | ---: | ---: | ---: |",
-        f"| first stack (parses the ELF files) | {s.first_s:.3f} | | |",
-        f"| all stacks, fresh Symbolizer (first included) | {s.cold_s:.3f} "
-        f"| {s.stacks / s.cold_s:,.0f} | {per_frame_cold:,.0f} |",
-        f"| all stacks again (addresses cached) | {s.warm_s:.3f} "
-        f"| {s.stacks / s.warm_s:,.0f} | {s.warm_s / s.frames * 1e9:,.0f} |",
-        "",
-        f"Peak RSS {s.rss_mib:.1f} MiB; {s.named_pct:.1f} % of the frames named "
-        "(the rest are `postgres+0x...` function starts from .eh_frame: Debian's server "
-        "binary keeps only .dynsym).",
-    ]
-
-
-def load_section(run: Run) -> list[str]:
     lines = [
-        f"- Before the run: load average {run.loadavg_before[0]:.2f} / "
-        f"{run.loadavg_before[1]:.2f} / {run.loadavg_before[2]:.2f} (1 / 5 / 15 min). "
-        f"{run.quiet}",
+        "",
+        "### ns per context switch: floor, filter, waits.bt",
+        "",
+        "Two processes pinned to one CPU ping-pong over pipes (bench/probe_cost.c `switch`, "
+        "one wakeup per switch): CPU time per switch traced minus untraced, median of "
+        "interleaved rounds; BPF ns from kernel BPF statistics (per switch of the ping-pong: "
+        "an upper bound, the programs also ran for the rest of the machine; per fire: exact).",
+        "",
+        "| variant | ns per context switch | BPF ns per switch | BPF ns per fire |",
+        "| --- | ---: | ---: | --- |",
     ]
-    for w in run.workloads:
-        kinds: dict[str, int] = {}
-        for proc in w.foreign_processes:
-            kinds[proc.split("[")[0]] = kinds.get(proc.split("[")[0], 0) + 1
-        others = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+    for c in switches:
+        fires = ", ".join(
+            f"{name} {_f(ns, ',.0f')}"
+            for name, ns in c["bpf_ns_per_fire"].items()
+            if name.startswith("sched_switch") or name.startswith("sched_wakeup")
+        )
         lines.append(
-            f"- {w.workload.label}: {w.elapsed_s / 60:.1f} min; other processes used "
-            f"{_f(w.foreign_cpu_pct, '.1f', ' %')} of the machine's CPU time (all CPU time "
-            "less the cluster's, pgbench's and the tools'); other sessions' pgbench/bpftrace/perf "
-            f"processes seen between windows: {others}."
+            f"| {c['label']} | {_f(c['ns_per_switch'], ',.0f')} "
+            f"| {_f(c['bpf_ns_per_switch'], ',.0f')} | {fires or '-'} |"
         )
     return lines
 
 
-def generated(run: Run) -> str:
-    m = run.machine
-    lines = [
-        BEGIN,
-        "## Results of the last run",
-        "",
-        f"Run {run.started} UTC, `scripts/bench{' --quick' if run.mode == 'quick' else ''}`, "
-        f"{run.elapsed_min:.1f} min: {run.pairs} pairs per tool and workload, windows of "
-        f"{run.seconds} s. Code: {run.source}.",
-        "",
-        f"Machine: {m.get('os')}, kernel {m.get('kernel')}, {m.get('cpus')} CPUs, "
-        f"{m.get('memory')}; {m.get('postgresql')}; {m.get('bpftrace')}; Python "
-        f"{m.get('python')}; {m.get('perf')}; {m.get('inferno')}.",
-        "",
-        "Load:",
-        "",
-        *load_section(run),
-        "",
-        "### Overhead on the traced server",
-        "",
-        *overhead_table(run),
-        "",
-    ]
-    for key, tps in run.untraced_tps.items():
-        lines.append(f"- Untraced throughput, {key}: {tps:,.0f} tps (median window).")
-    busy = [f"{w.workload.key} {common.median(x.busy_cpus for x in w.untraced):.2f}"
-            for w in run.workloads if w.untraced]  # fmt: skip
-    if busy:
-        lines.append(
-            f"- CPUs busy machine-wide in the untraced windows (of {common.NCPU}): "
-            + ", ".join(busy)
-            + "."
-        )
+def dwarf_section(doc: Doc) -> list[str]:
+    lines = ["### flame --unwind dwarf: bytes per sample and time to finish", ""]
+    found = False
+    for w in doc["workloads"]:
+        for r in w["rows"]:
+            if r["meta"].get("unwind") == "dwarf" or "bytes_per_sample" in r["meta"]:
+                m = r["meta"]
+                found = True
+                lines.append(
+                    f"- {r['label']}, {w['key']} (medians of {len(r['ratios'])} windows): "
+                    f"{_f(m.get('bytes_per_sample'), ',.0f')} bytes of perf.data per sample, "
+                    f"perf stopped in {_f(m.get('perf_stop_s'), '.2f')} s, unwinding took "
+                    f"{_f(m.get('unwind_cpu_s'), '.2f')} CPU s, finish "
+                    f"{_f(r['median'].get('finish_s'), '.2f')} s."
+                )
+        for run in w["long_runs"]:
+            found = True
+            m = run["meta"]
+            lines.append(
+                f"- {run['config']}, {w['key']}, one {run['seconds'] or '?'} s capture of the "
+                f"whole cluster: finish {_f(run['finish_s'], '.2f')} s (Ctrl-C to output written), "
+                f"{_f(m.get('samples_taken', m.get('samples')), ',.0f')} samples, "
+                f"{_f(m.get('bytes_per_sample'), ',.0f')} bytes per sample, perf stop "
+                f"{_f(m.get('perf_stop_s'), '.2f')} s, unwinding "
+                f"{_f(m.get('unwind_cpu_s'), '.2f')} CPU s."
+                + ("" if run["ok"] else f" FAILED: {run['error']}")
+            )
+    return lines if found else []
+
+
+def guard_section(doc: Doc) -> list[str]:
+    g = doc.get("lwlocks_guard")
+    if not g:
+        return []
+    lines = ["### lwlocks under heavy contention: is a `--max-events-per-sec` guard needed?", ""]
+    if not g["decided"]:
+        return lines + [f"Not decided: {g['why']}."]
+    share = g["share_of_workload_cpu"]
+    lines.append(
+        f"{g['fires_per_s']:,.0f} probe fires/s at about {g['ns_per_fire_all_in']:,} ns each "
+        f"(BPF + uprobe trap): {share * 100:.2f} % of the workload's CPU; TPS ratio "
+        f"{_iv(g['tps_interval'])}. At 100,000 waits/s (200,000 fires/s) that would be "
+        f"{g['cpus_at_100k_waits_per_s']:.2f} CPUs. Rule: {g['rule']}. "
+        f"**Guard {'needed' if g['needed'] else 'not needed'}** by that rule."
+    )
+    return lines
+
+
+def _slowest_phases(runs: list[dict[str, Any]], top: int = 3) -> str:
+    """The phases (pgprobe's PGPROBE_TIMINGS marks) that took the most wall time."""
+    walls: dict[str, list[float]] = {}
+    for r in runs:
+        for p in r.get("phases", []):
+            walls.setdefault(str(p["phase"]), []).append(float(p["wall_s"]))
+    medians = {k: common.median(v) or 0.0 for k, v in walls.items()}
+    slowest = sorted(medians.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{k} {v:.2f}" for k, v in slowest) or "-"
+
+
+def answer_section(doc: Doc) -> list[str]:
+    a = doc.get("answer") or {}
+    lines = ["### Time to answer (`-d 1`, whole command, bench/answer.py)", ""]
+    if a.get("status") != "measured":
+        return lines + [f"Not measured: {a.get('note') or a.get('status')}."]
     lines += [
-        "",
-        "### Probe cost",
-        "",
-        *cost_table(run),
-        "",
-        *probe_cost_section(run),
+        "| tool | backends | wall s median [min–max] | CPU s median | runs failed "
+        "| slowest phases (median wall s) |",
+        "| --- | --- | --- | ---: | ---: | --- |",
+    ]
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in a["results"]:
+        groups.setdefault((r["tool"], r.get("idle", 0), r.get("active", 0)), []).append(r)
+    for (tool, idle, active), runs in groups.items():
+        lines.append(
+            f"| {tool} | {idle} idle + {active} active "
+            f"| {_range((r['wall_s'] for r in runs), '.2f')} "
+            f"| {_f(common.median(r['cpu_s'] for r in runs), '.2f')} "
+            f"| {sum(1 for r in runs if r.get('exit') != 0)} | {_slowest_phases(runs)} |"
+        )
+    return lines + ([f"- {a['note']}"] if a.get("note") else [])
+
+
+def serve_section(doc: Doc) -> list[str]:
+    s = doc.get("serve") or {}
+    lines = ["### `pgprobe serve` at its default rates", ""]
+    if s.get("status") != "measured":
+        return lines + [f"Not measured: {s.get('note') or s.get('status')}."]
+    lines += [f"From {s['note']}:", "", "| figure | value |", "| --- | --- |"]
+    for key, value in s["result"].items():
+        lines.append(f"| {key} | {value} |")
+    return lines
+
+
+def render_section(doc: Doc) -> list[str]:
+    r = doc.get("render")
+    if not r:
+        return []
+    if not r["stacks"]:
+        return ["### Render", ""] + [f"- {n}" for n in r["notes"]]
+    c = r["command"]
+    return [
         "### Render",
         "",
-        *render_section(run),
-        "",
+        f"{r['input']}: {r['stacks']:,} unique stacks, {r['samples']:,} samples; "
+        f"{len(c['walls'])} runs. `pgprobe flame --from FILE -o out.svg`: wall "
+        f"{_range(c['walls'], '.3f')} s, peak RSS {_f(c['peak_rss'], '.1f')} MiB; in process "
+        f"{_f(r['inprocess_median_s'], '.3f')} s; SVG {r['svg_mib']:.2f} MiB.",
+    ]
+
+
+def symbolize_section(doc: Doc) -> list[str]:
+    s = doc.get("symbolize")
+    if not s:
+        return []
+    if s["note"]:
+        return ["### Symbolize", "", f"- {s['note']}"]
+    return [
         "### Symbolize",
         "",
-        *symbolize_section(run),
-        "",
-        "### Budgets",
-        "",
-        "| budget | limit | measured | |",
-        "| --- | --- | --- | --- |",
+        f"{s['stacks']:,} raw stacks of {s['frames'] // max(1, s['stacks'])} frames: first stack "
+        f"{s['first_s']:.3f} s, all {s['cold_s']:.3f} s cold, {s['warm_s']:.3f} s warm; peak RSS "
+        f"{s['rss_mib']:.1f} MiB; {s['named_pct']:.1f} % of frames named.",
     ]
-    for b in budgets(run):
-        shown = {"met": "met", "missed": "MISSED", "undecided": "undecided (CI straddles)"}
-        lines.append(f"| {b.what} | {b.limit} | {b.measured} | {shown[b.verdict]} |")
-    if run.notes:
-        lines += ["", "Notes:", ""] + [f"- {n}" for n in run.notes]
-    failed = [f for w in run.workloads for f in w.failed]
+
+
+def generated(doc: Doc) -> str:
+    parts = [
+        header(doc),
+        budget_table(doc),
+        overhead_table(doc),
+        cost_table(doc),
+        probe_cost_section(doc),
+        dwarf_section(doc),
+        guard_section(doc),
+        answer_section(doc),
+        serve_section(doc),
+        render_section(doc),
+        symbolize_section(doc),
+    ]
+    lines = [BEGIN]
+    for part in parts:
+        if part:
+            lines += part + [""]
+    if doc["notes"]:
+        lines += ["Notes:", ""] + [f"- {n}" for n in doc["notes"]] + [""]
+    failed = [(w["key"], f) for w in doc["workloads"] for f in w["failed"]]
     if failed:
-        lines += ["", "Failed traced windows:", ""]
-        lines += [f"- {f.config}: {f.error.strip()[:300]}" for f in failed]
+        lines += ["Failed traced windows:", ""]
+        lines += [f"- {key}, {f['config']}: {f['error']}" for key, f in failed] + [""]
     lines.append(END)
     return "\n".join(lines) + "\n"
 
 
-DEFAULT_HEAD = """# Benchmarks
+def readme_table(doc: Doc) -> str:
+    """The README's Overhead table: one row per tool and workload, with its verdict."""
+    verdicts = {b["what"]: b for b in doc["budgets"]}
+    lines = [
+        README_BEGIN,
+        f"Measured {doc['started']} UTC by `{doc['command']}` ({doc['machine'].get('cpus')} "
+        "CPUs, both saturated by pgbench); details in [docs/benchmarks.md](docs/benchmarks.md).",
+        "",
+        "| tool | workload | TPS ratio [95 % CI] | budget | verdict | probe fires/s "
+        "| CPU it costs (share of the server's) |",
+        "| --- | --- | --- | --- | --- | ---: | ---: |",
+    ]
+    for w in doc["workloads"]:
+        for r in w["rows"]:
+            b = next(
+                (
+                    v
+                    for k, v in verdicts.items()
+                    if k.startswith(f"{r['label']}, {w['key']}: TPS ratio")
+                ),
+                None,
+            )
+            c = r.get("cost") or {}
+            share = c.get("share_of_workload_cpu")
+            budget = f">= {r['budget']:.2f}" if r["budget"] else "-"
+            lines.append(
+                f"| {r['label']} | {w['key']} | {_iv(r['interval'])} "
+                f"| {budget} "
+                f"| {SHOWN[b['verdict']] if b else '-'} "
+                f"| {_f(r['median'].get('fires_per_s'), ',.0f')} "
+                f"| {_pct(share)} |"
+            )
+    lines.append(README_END)
+    return "\n".join(lines) + "\n"
 
-What pgprobe costs the server it traces, how fast it starts and finishes, and how fast it
-renders. `scripts/bench` measures it and rewrites the section between the markers below;
-method and analysis are in the rest of this page.
 
-"""
+def replace_between(text: str, begin: str, end: str, new: str) -> str:
+    """text with the block from `begin` to `end` (inclusive) replaced by `new`, or `new`
+    appended when the markers are missing."""
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        return head + new.rstrip("\n") + tail
+    return text.rstrip("\n") + "\n\n" + new
 
 
-def write(path: Path, run: Run) -> None:
+DEFAULT_HEAD = "# Benchmarks\n\n"
+
+
+def write_benchmarks(path: Path, doc: Doc) -> None:
     text = path.read_text() if path.exists() else DEFAULT_HEAD + BEGIN + "\n" + END + "\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        text = head + generated(run).rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + generated(run)
+    old_region = text.split(BEGIN, 1)[1].split(END, 1)[0] if BEGIN in text and END in text else ""
+    kept = SOAK.findall(old_region)  # a soak section inside the generated region survives
+    text = replace_between(text, BEGIN, END, generated(doc))
+    if kept:
+        text = text.replace(END, END + "\n\n" + "".join(kept).rstrip("\n"), 1)
     path.write_text(text)
+
+
+def write_readme(path: Path, doc: Doc) -> bool:
+    """Update the README's Overhead table; False (and nothing written) without markers."""
+    text = path.read_text()
+    if README_BEGIN.split(":")[0] not in text or README_END not in text:
+        return False
+    begin = text[text.index(README_BEGIN.split(":")[0]) :].split("\n", 1)[0]
+    path.write_text(replace_between(text, begin, README_END, readme_table(doc)))
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__)
+    parser.add_argument(
+        "json", nargs="?", type=Path, default=common.REPO / "docs" / "benchmarks.json"
+    )
+    parser.add_argument("--docs", type=Path, default=common.REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--readme", type=Path, default=common.REPO / "README.md")
+    args = parser.parse_args()
+    doc = results.load(args.json)
+    write_benchmarks(args.docs, doc)
+    print(f"wrote {args.docs}")
+    if write_readme(args.readme, doc):
+        print(f"wrote the Overhead table of {args.readme}")
+    else:
+        print(f"{args.readme}: no overhead-table markers, left alone")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

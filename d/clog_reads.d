@@ -36,6 +36,14 @@
  *   stops its tracepoints at SIGINT, long before END under load, while DTrace runs
  *   END with its probes still enabled, so END closes the window in time.)
  *
+ * SOURCE: this is the syscall view only. pgprobe clog-reads counts from a uprobe
+ *   on pgstat_count_slru_page_read by default (bpf/clog_reads_uprobe.bt); DTrace
+ *   for Linux 2.0.7 here has no usable pid provider for it: "pid<PID>:postgres:
+ *   pgstat_count_slru_page_read:entry" matches no probes, "failed to grab process"
+ *   (the pid provider ptrace-grabs each process, which would stop a backend, and
+ *   only for processes that exist when dtrace starts). So with --engine dtrace
+ *   clog-reads uses this script (--source syscalls), and says so.
+ *
  * PLATFORM LIBRARY: the directory and name of a file descriptor come from a
  *   D library passed with -L: d/lib/fds (fds[]: illumos, Solaris, FreeBSD,
  *   macOS) or d/lib/linux (DTrace for Linux, whose fds[].fi_dirname is ".":

@@ -11,7 +11,7 @@
  * (WALWrite, LockManager, BufferContent, ...). Same maps, keys and units as
  * bpf/lwlock_wait.bt, so pgprobe turns either into the same table.
  *
- * USAGE: dtrace -qs lwlock_wait.d BINARY [POSTMASTER_PID] [BY_PID] [INTERVAL_S] [ONLY_PID]
+ * USAGE: dtrace -qs lwlock_wait.d BINARY [POSTMASTER_PID] [BY_PID] [INTERVAL_S] [ONLY_PID] [MAX_FIRES_S]
  *   The positional parameters of bpf/lwlock_wait.bt (pgprobe passes the same
  *   list to both engines), as D macro arguments:
  *   BINARY          $$1: not needed by DTrace (USDT providers are per process,
@@ -25,6 +25,10 @@
  *   INTERVAL_S      $4: print and truncate the aggregations every N seconds
  *                   (0: only at exit)
  *   ONLY_PID        $5: count only this pid (0: all)
+ *   MAX_FIRES_S     $6: the guard, as in bpf/lwlock_wait.bt: when the counted
+ *                   fires (starts + dones) of the last second pass it, stop
+ *                   recording, print "@@guard" (same fields) and exit(0),
+ *                   which runs END; 0: no guard
  *   Omitted parameters are 0 (#pragma D option defaultargs). -p and $target
  *   are not used: postgresql$target would name one process only, and the
  *   backends forked during the capture would be missed; postgresql* with a
@@ -70,6 +74,8 @@
  *   @wait_ns <TAB> PID <TAB> TRANCHE <TAB> MODE, then DTrace's quantize table
  *           (value  ---- Distribution ---- count; value is a bucket's low
  *           bound, a power of two), then a blank line
+ *   @@guard <TAB> CAPTURED_MS <TAB> FIRES_LAST_S <TAB> FIRES <TAB> WAITS
+ *                                                  the guard stopped the capture
  *   @@end                                          END printed everything
  *   @wait_unfinished <TAB> N                       waits whose -done never fired
  *           (the thread's next wait started first), as in bpf/lwlock_wait.bt
@@ -101,26 +107,34 @@ self uint64_t lw_start;	/* read in a predicate before its first assignment */
 dtrace:::BEGIN
 {
 	lw_ticks = 0;	/* seconds since the last interval print */
+	lw_t0 = timestamp;	/* the guard's window starts here */
+	lw_fires = 0;	/* the guard's counts (racy across CPUs: a bound, not a figure) */
+	lw_fires_before = 0;
+	lw_waits = 0;
+	lw_stopped = 0;
 	printf("@@attached\tlwlock_wait.d\t%s\n", $$1);
 }
 
 postgresql*:::lwlock-wait-start
-/self->lw_start && ($2 == 0 || pid == $2 || ppid == $2) && ($5 == 0 || pid == $5)/
+/self->lw_start && ($2 == 0 || pid == $2 || ppid == $2) && ($5 == 0 || pid == $5) && !lw_stopped/
 {
 	@wait_unfinished = count();	/* the last wait of this thread never ended here */
 }
 
 postgresql*:::lwlock-wait-start
-/($2 == 0 || pid == $2 || ppid == $2) && ($5 == 0 || pid == $5)/
+/($2 == 0 || pid == $2 || ppid == $2) && ($5 == 0 || pid == $5) && !lw_stopped/
 {
 	self->lw_start = timestamp;
+	lw_fires++;
 }
 
 postgresql*:::lwlock-wait-done
-/self->lw_start/
+/self->lw_start && !lw_stopped/
 {
 	this->ns = timestamp - self->lw_start;
 	self->lw_start = 0;
+	lw_fires++;
+	lw_waits++;
 	this->who = $3 ? pid : 0;
 	this->tranche = copyinstr(arg0);
 	this->mode = arg1 == 0 ? "Exclusive" : (arg1 == 1 ? "Shared" : "WaitUntilFree");
@@ -130,14 +144,31 @@ postgresql*:::lwlock-wait-done
 	@wait_ns[this->who, this->tranche, this->mode] = quantize(this->ns);
 }
 
+/* The guard (no if/else in portable D: one clause per branch). */
 tick-1sec
-/$4 > 0/
+/$6 > 0 && !lw_stopped/
+{
+	lw_last = lw_fires - lw_fires_before;
+	lw_fires_before = lw_fires;
+}
+
+tick-1sec
+/$6 > 0 && !lw_stopped && lw_last > $6/
+{
+	lw_stopped = 1;
+	printf("@@guard\t%d\t%d\t%d\t%d\n", (timestamp - lw_t0) / 1000000, lw_last,
+	    lw_fires, lw_waits);
+	exit(0);
+}
+
+tick-1sec
+/$4 > 0 && !lw_stopped/
 {
 	lw_ticks++;
 }
 
 tick-1sec
-/$4 > 0 && lw_ticks >= $4/
+/$4 > 0 && lw_ticks >= $4 && !lw_stopped/
 {
 	lw_ticks = 0;
 	printf("@@snapshot\t%Y\n", walltimestamp);

@@ -13,16 +13,23 @@
  * pg_stat_activity shows as wait_event_type/wait_event. Each sleep is charged
  * to that value. No pid provider, no USDT: any 14+ build, stripped or not.
  *
- * USAGE: dtrace -qs waits.d POSTMASTER_PID ADDR [INTERVAL_S] [ONLY_PID]
+ * USAGE: dtrace -qs waits.d POSTMASTER_PID ADDR [INTERVAL_S] [ONLY_PID] [BE_ADDR STATE_OFF]
  *   The positional parameters of bpf/waits.bt (pgprobe passes the same list
  *   to both engines), as D macro arguments:
  *   POSTMASTER_PID  $1: trace the postmaster and its children
  *   ADDR            $2: address of the global my_wait_event_info in the
  *                   postmaster (symbol value + load base of the binary; the
  *                   same in every backend): see bpf/waits.bt; pgprobe computes it
- *   INTERVAL_S      $3: print and truncate the aggregations every N seconds
- *                   (0: only at exit)
+ *   INTERVAL_S      $3: print the aggregations every N seconds (0: only at
+ *                   exit), never truncated: each print is cumulative since the
+ *                   start and pgprobe takes a window as the difference of two
+ *                   consecutive prints (as with bpf/waits.bt)
  *   ONLY_PID        $4: trace this pid only (0: the whole cluster)
+ *   BE_ADDR         $5: address of the global MyBEEntry (0: not read)
+ *   STATE_OFF       $6: offsetof(PgBackendStatus, st_state): at a switch-out
+ *                   in Client:ClientRead, st_state (pg_stat_activity's state:
+ *                   idle, idle in transaction, ...) goes in bits 16-23 of the
+ *                   wait_event_info, as in bpf/waits.bt (0: not known)
  *   Omitted parameters are 0 (#pragma D option defaultargs).
  *   Ctrl-C (SIGINT) ends the capture: the END clause prints the aggregations.
  *
@@ -31,7 +38,7 @@
  *     open when the maps are printed (a backend idle in ClientRead at the
  *     end, a sleep that spans an interval boundary) are not charged until
  *     they end; pgprobe shows that time as not accounted. Each interval is
- *     charged whole when it ends (clipped at the window start).
+ *     charged whole when it ends.
  *   - preempted or asleep is read from curthread->__state at off-cpu (0:
  *     runnable, i.e. preempted or yielded; kernels 5.14+ name it __state);
  *     bpf/waits.bt uses sched_switch's prev_state, which also counts a task
@@ -40,11 +47,14 @@
  *     clause's own timestamp), not from aggregations: printa() and trunc()
  *     act on the consumer's copy of the aggregations, read at its own pace
  *     (aggrate, 10 Hz here), so an aggregation set in the same clause was
- *     printed with its new value (window 0 s) and then truncated. With
- *     INTERVAL_S the cut between two windows is therefore within about
- *     0.1 s of @now_ns, not exactly at it.
+ *     printed with its new value (window 0 s). With INTERVAL_S the cut
+ *     between two windows is therefore within about 0.1 s of @now_ns, not
+ *     exactly at it (nothing is lost: the prints are cumulative).
  *   - a task's owner (postmaster child) is decided from pid/ppid at each
  *     probe rather than once, and at sched:::wakeup from args[1] (psinfo_t).
+ *   - no @first_runs (the run count at a first switch-out): a sleep that
+ *     began before the capture and ended in it stays "asleep since before
+ *     capture" (bpf/waits.bt names it when the run count proves it).
  *
  * REQUIREMENTS: DTrace with the sched and proc providers; verified live on
  *   Oracle's DTrace for Linux 2.0.7 (scripts/setup-dtrace). Root.
@@ -65,8 +75,12 @@
  *                                capture)
  *   @wait_hist <TAB> TID <TAB> WEI, then DTrace's quantize table of the sleeps
  *   @born_ns / @exit_ns <TAB> TID <TAB> NS   fork by the postmaster / exit
- *   @unseen <TAB> KIND <TAB> N   1 an off-cpu of a task not on CPU, 2 a switch-in
- *                                of a sleeping task (its wakeup missed)
+ *   @unseen <TAB> KIND <TAB> TID <TAB> N   1 an off-cpu of a task not on CPU, or a wakeup
+ *                                of a runnable one (a switch-in missed), 2 a
+ *                                switch-in of a sleeping task (its wakeup missed),
+ *                                3 a switch-in of a task on CPU (its off-cpu
+ *                                missed), 4 a break in a CPU's chain of switches
+ *   @gap_ns <TAB> NS             total length of those breaks
  *   @@end                        END printed everything
  *
  * OVERHEAD: off-cpu and wakeup fire for every thread of the machine;
@@ -97,12 +111,16 @@
  *             5 ours, woken during the capture before any switch-in was seen
  *   ws_since: since when (timestamp); ws_wei: the wait event of a sleep
  *   ws_exiting: proc:::exit seen, its last off-cpu follows
+ *   state 7: lost track of (its CPU's events stopped being seen): not charged
+ *   ws_lastnext, ws_lasttime: per CPU, the thread switched in last, and when
  */
 
 int ws_state[int];
 uint64_t ws_since[int];
 uint64_t ws_wei[int];
 int ws_exiting[int];
+int ws_lastnext[int];
+uint64_t ws_lasttime[int];
 uint64_t ws_window;
 uint64_t ws_now;
 int ws_ticks;
@@ -124,10 +142,36 @@ sched:::off-cpu
 	this->t0 = this->ours ? ws_since[tid] : 0;
 }
 
+/*
+ * A CPU's switches form a chain (each leaving thread came in at the CPU's last
+ * switch). A break: the probes did not run on this CPU for a while (a BPF guard
+ * held, as in bpf/waits.bt). The thread last switched in here left at an unknown
+ * time: lost track of (7), its interval is not charged.
+ */
+sched:::off-cpu
+{
+	this->ln = ws_lastnext[cpu];
+	this->lt = ws_lasttime[cpu];
+}
+
+sched:::off-cpu
+/this->lt != 0 && this->ln != tid/
+{
+	@unseen[4, this->ln] = count();
+	@gap_ns = sum(this->now - this->lt);
+}
+
+sched:::off-cpu
+/this->lt != 0 && this->ln != tid && this->ln != 0 && ws_state[this->ln] == 1 &&
+ ws_since[this->ln] == this->lt/
+{
+	ws_state[this->ln] = 7;
+}
+
 sched:::off-cpu
 /this->ours && this->st == 1/
 {
-	@cpu_ns[tid] = sum(this->now - ($3 && this->t0 < ws_window ? ws_window : this->t0));
+	@cpu_ns[tid] = sum(this->now - this->t0);
 }
 
 sched:::off-cpu
@@ -141,7 +185,7 @@ sched:::off-cpu
 /this->ours && this->st >= 2 && this->st <= 4/
 {
 	/* its switch-in was not seen: that interval is lost */
-	@unseen[1] = count();
+	@unseen[1, tid] = count();
 }
 
 sched:::off-cpu
@@ -169,12 +213,26 @@ sched:::off-cpu
 	ws_since[tid] = this->now;
 	ws_wei[tid] = 1;	/* until read below: a failed copyin leaves "not readable" */
 	this->p = *(uint64_t *)copyin($2, 8);
+	this->be = (uint64_t)0;	/* typed: a clause-local takes its first type */
 }
 
 sched:::off-cpu
 /this->ours && curthread->__state != 0 && this->p != 0/
 {
 	ws_wei[tid] = *(uint32_t *)copyin(this->p, 4);
+}
+
+sched:::off-cpu
+/this->ours && curthread->__state != 0 && this->p != 0 && ws_wei[tid] == 0x06000000 && $5 != 0/
+{
+	/* Client:ClientRead: idle or idle in transaction? MyBEEntry->st_state (BE_ADDR) */
+	this->be = *(uint64_t *)copyin($5, 8);
+}
+
+sched:::off-cpu
+/this->ours && curthread->__state != 0 && this->be != 0/
+{
+	ws_wei[tid] |= (*(uint32_t *)copyin(this->be + $6, 4) & 0xff) << 16;
 }
 
 /* ---- a sleeping thread becomes runnable (curthread is the waker) ---- */
@@ -191,10 +249,28 @@ sched:::wakeup
 	this->now = timestamp;
 	this->t0 = ws_since[this->w];
 	this->wei = ws_wei[this->w];
-	@wait_ns[this->w, this->wei] = sum(this->now - ($3 && this->t0 < ws_window ? ws_window : this->t0));
+	@wait_ns[this->w, this->wei] = sum(this->now - this->t0);
 	@wait_hist[this->w, this->wei] = quantize(this->now - this->t0);
 	ws_state[this->w] = 3;
 	ws_since[this->w] = this->now;
+	ws_wei[this->w] = 0;
+}
+
+sched:::wakeup
+/this->ws == 2 || this->ws == 3/
+{
+	@unseen[1, this->w] = count();
+}
+
+sched:::wakeup
+/this->ws == 2 || this->ws == 3 || this->ws == 7/
+{
+	/*
+	 * Woken while runnable (2, 3: it ran and slept unseen) or lost track of (7):
+	 * that interval is not charged.
+	 */
+	ws_state[this->w] = 3;
+	ws_since[this->w] = timestamp;
 	ws_wei[this->w] = 0;
 }
 
@@ -230,7 +306,14 @@ sched:::off-cpu
 /this->nst != 0 || (this->n != 0 && this->nours)/
 {
 	this->n0 = ws_since[this->n];
-	this->from = $3 && this->n0 < ws_window ? ws_window : this->n0;
+	this->from = this->n0;
+}
+
+sched:::off-cpu
+/this->nst == 1/
+{
+	/* switched in while on CPU: its switch-out was not seen (the interval is not charged) */
+	@unseen[3, this->n] = count();
 }
 
 sched:::off-cpu
@@ -243,7 +326,7 @@ sched:::off-cpu
 /this->nst == 4/
 {
 	/* no wakeup seen: the whole time off CPU goes to the wait event */
-	@unseen[2] = count();
+	@unseen[2, this->n] = count();
 	@wait_ns[this->n, ws_wei[this->n]] = sum(this->now - this->from);
 	@wait_hist[this->n, ws_wei[this->n]] = quantize(this->now - this->n0);
 }
@@ -276,6 +359,12 @@ sched:::off-cpu
 	ws_wei[this->n] = 0;
 }
 
+sched:::off-cpu
+{
+	ws_lastnext[cpu] = this->n;
+	ws_lasttime[cpu] = this->now;
+}
+
 /* ---- births and deaths ---- */
 
 proc:::create
@@ -289,7 +378,8 @@ proc:::create
 }
 
 proc:::exit
-/($4 ? pid == $4 : (pid == $1 || ppid == $1)) && ws_state[tid] >= 1 && ws_state[tid] <= 4/
+/($4 ? pid == $4 : (pid == $1 || ppid == $1)) &&
+ ((ws_state[tid] >= 1 && ws_state[tid] <= 4) || ws_state[tid] == 7)/
 {
 	@exit_ns[tid] = max(timestamp);
 }
@@ -322,15 +412,8 @@ tick-1sec
 	printa("@wait_hist\t%d\t%d\n%@d\n", @wait_hist);
 	printa("@born_ns\t%d\t%@d\n", @born_ns);
 	printa("@exit_ns\t%d\t%@d\n", @exit_ns);
-	printa("@unseen\t%d\t%@d\n", @unseen);
-	trunc(@cpu_ns);
-	trunc(@runq_ns);
-	trunc(@wait_ns);
-	trunc(@wait_hist);
-	trunc(@born_ns);
-	trunc(@exit_ns);
-	trunc(@unseen);
-	ws_window = ws_now;
+	printa("@unseen\t%d\t%d\t%@d\n", @unseen);
+	printa("@gap_ns\t%@d\n", @gap_ns);
 }
 
 dtrace:::END
@@ -344,6 +427,7 @@ dtrace:::END
 	printa("@wait_hist\t%d\t%d\n%@d\n", @wait_hist);
 	printa("@born_ns\t%d\t%@d\n", @born_ns);
 	printa("@exit_ns\t%d\t%@d\n", @exit_ns);
-	printa("@unseen\t%d\t%@d\n", @unseen);
+	printa("@unseen\t%d\t%d\t%@d\n", @unseen);
+	printa("@gap_ns\t%@d\n", @gap_ns);
 	printf("@@end\n");
 }

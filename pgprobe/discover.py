@@ -1,79 +1,37 @@
 """Find the cluster and the backends to trace: SQL (read-only) plus /proc.
 
-Long because psql's connection forms (issue 11) joined discovery; the next split is below.
+The SQL session (pgprobe.connection) is read-only, says who it is (application_name
+'pgprobe') and is left out of the targets. /proc (pgprobe.localserver) gives what SQL
+cannot: the postmaster PID and the server binary that the probes attach to. With
+`--pid` and no connection, everything comes from /proc.
 
-The SQL session is read-only, says who it is (application_name 'pgprobe') and
-is left out of the targets. /proc gives what SQL cannot: the postmaster PID and
-the server binary that the probes attach to. With `--pid` and no connection,
-everything comes from /proc.
-
-(A little over 400 lines since psql's connection forms and the server-went-away
-handling of issue 11 came in; the next split is connection options and the local-
-server proof into their own module, apart from targets and pg_stat_activity.)
+This module holds the targets themselves (Cluster, Backend, Filters, Targets), reading
+pg_stat_activity, and choosing the pids; it re-exports the connection names that tools
+use as discover.ConnOptions, discover.connect, discover.binary_version.
 """
 
 from __future__ import annotations
 
-import re
-import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pgprobe import proc
-from pgprobe.errors import EXIT_CONNECT, EXIT_TARGET, EXIT_USAGE, PgprobeError
-
-APPLICATION_NAME = "pgprobe"
-
-
-@dataclass(frozen=True)
-class ConnOptions:
-    """psql-like connection options; None means libpq's default (PG* env, .pgpass)."""
-
-    host: str | None = None
-    port: int | None = None
-    user: str | None = None
-    # As psql's -d: a database name, or a "key=value ..." connection string, or a URI.
-    dbname: str | None = None
-
-    def conninfo(self) -> str:
-        """The libpq connection string, with pgprobe's read-only session settings.
-
-        As in psql, --dbname is a connection string when it contains "=" or starts
-        with postgresql:// or postgres://, and then its values win over -h/-p/-U
-        (libpq expands it in dbname's place, after host, port and user).
-        """
-        import psycopg
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        params: dict[str, Any] = {
-            key: value
-            for key, value in (("host", self.host), ("port", self.port), ("user", self.user))
-            if value is not None
-        }
-        if self.dbname and is_connection_string(self.dbname):
-            try:
-                params.update(conninfo_to_dict(self.dbname))
-            except psycopg.ProgrammingError as exc:
-                raise PgprobeError(
-                    f"--dbname is not a valid connection string or URI: {_first_line(exc)}",
-                    EXIT_USAGE,
-                ) from None
-        elif self.dbname:
-            params["dbname"] = self.dbname
-        # Never write: every transaction of this session is read-only (the user's own
-        # options, if any, come first; ours win).
-        ours = "-c default_transaction_read_only=on -c statement_timeout=10s"
-        params["options"] = f"{params['options']} {ours}" if params.get("options") else ours
-        params["application_name"] = APPLICATION_NAME
-        params.setdefault("connect_timeout", 10)
-        return make_conninfo("", **params)
-
-
-def is_connection_string(text: str) -> bool:
-    """psql's rule (recognized_connection_string): a URI prefix, or an "=" anywhere."""
-    return text.startswith(("postgresql://", "postgres://")) or "=" in text
+from pgprobe.connection import APPLICATION_NAME as APPLICATION_NAME
+from pgprobe.connection import ConnOptions as ConnOptions
+from pgprobe.connection import connect as connect
+from pgprobe.connection import connect_conninfo as connect_conninfo
+from pgprobe.connection import is_connection_string as is_connection_string
+from pgprobe.errors import EXIT_TARGET, EXIT_USAGE, PgprobeError
+from pgprobe.localserver import (
+    _local_postmaster,
+    _postgres_process,
+    _postmaster_of,
+    _server_binary,
+    _type_from_title,
+)
+from pgprobe.localserver import binary_version as binary_version
+from pgprobe.localserver import parse_version as parse_version
 
 
 @dataclass(frozen=True)
@@ -170,22 +128,6 @@ SELECT pid, coalesce(backend_type, ''), coalesce(datname, ''), coalesce(usename,
 """
 
 
-def connect(opts: ConnOptions) -> Any:
-    """An autocommit, read-only psycopg connection, or a one-line PgprobeError."""
-    return connect_conninfo(opts.conninfo())
-
-
-def _first_line(exc: BaseException) -> str:
-    """libpq's message without its multi-line detail (it never contains a password)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    # psycopg prefixes "connection failed: connection to server ... failed:"; keep the reason.
-    text = lines[0] if lines else type(exc).__name__
-    for line in lines[1:]:
-        if not line.startswith(("DETAIL", "HINT")):
-            text = f"{text} {line}"
-    return text
-
-
 def read_backends(conn: Any) -> list[Backend]:
     with conn.cursor() as cur:
         cur.execute(ACTIVITY_SQL)
@@ -227,43 +169,6 @@ def _setting_or_none(conn: Any, name: str) -> str | None:
         return str(row[0]) if row else None
 
 
-def _local_postmaster(own_pid: int, port: int) -> int:
-    """The postmaster of our own backend, proving the server runs on this machine."""
-    info = proc.read_info(own_pid)
-    not_local = PgprobeError(
-        f"the server is not on this machine (its backend pid {own_pid} is not a local postgres "
-        "process): pgprobe must run on the database host",
-        EXIT_TARGET,
-    )
-    if info is None or not proc.is_postgres(info):
-        raise not_local
-    postmaster = info.ppid
-    # A pid that merely coincides locally would not have a postmaster.pid naming it.
-    lines = _postmaster_pid_file(postmaster)
-    if len(lines) < 4 or lines[0] != str(postmaster) or lines[3] != str(port):
-        raise not_local
-    return postmaster
-
-
-def _postmaster_pid_file(postmaster: int) -> list[str]:
-    cwd = proc.cwd(postmaster)
-    if cwd is None:
-        return []
-    try:
-        return (Path(cwd) / "postmaster.pid").read_text().splitlines()
-    except OSError:
-        return []
-
-
-def _server_binary(postmaster: int) -> str:
-    info = proc.read_info(postmaster)
-    if info is None or info.exe is None:
-        raise PgprobeError(
-            f"cannot read /proc/{postmaster}/exe (the server binary): run pgprobe as root",
-        )
-    return info.exe.removesuffix(" (deleted)")
-
-
 def from_pids(pids: Sequence[int]) -> Cluster:
     """The cluster of the given backends, from /proc only (no SQL connection)."""
     infos = [_postgres_process(pid) for pid in pids]
@@ -286,65 +191,6 @@ def from_pids(pids: Sequence[int]) -> Cluster:
         data_directory=proc.cwd(postmaster),
         backends=[Backend(pid=i.pid, backend_type=_type_from_title(i.cmdline)) for i in infos],
     )
-
-
-def _postgres_process(pid: int) -> proc.ProcInfo:
-    info = proc.read_info(pid)
-    if info is None:
-        raise PgprobeError(f"pid {pid} does not exist", EXIT_TARGET)
-    if not proc.is_postgres(info):
-        raise PgprobeError(
-            f"pid {pid} is not a PostgreSQL process ({info.comm}: {info.cmdline[:60]})",
-            EXIT_TARGET,
-        )
-    return info
-
-
-def _postmaster_of(info: proc.ProcInfo) -> int:
-    """A backend's postmaster is its parent; a postmaster is its own."""
-    parent = proc.read_info(info.ppid)
-    if parent is not None and proc.is_postgres(parent):
-        return parent.pid
-    return info.pid
-
-
-def binary_version(binary: str) -> tuple[int, str]:
-    """(version_num, version) from `postgres --version`, e.g. (150018, '15.18 (Debian ...)')."""
-    try:
-        out = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise PgprobeError(f"cannot run {binary} --version: {exc}") from None
-    return parse_version(out.split("(PostgreSQL)", 1)[-1].strip())
-
-
-def parse_version(version: str) -> tuple[int, str]:
-    """'15.18 (Debian ...)' -> (150018, version); '9.6.24' -> (90624, version)."""
-    match = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", version)
-    if not match:
-        return 0, version
-    major, minor, patch = (int(g) if g else 0 for g in match.groups())
-    if major >= 10:
-        return major * 10000 + minor, version
-    return major * 10000 + minor * 100 + patch, version
-
-
-def _type_from_title(title: str) -> str:
-    """A backend type guessed from the process title, e.g. 'postgres: checkpointer'."""
-    words = title.split(":", 1)
-    if len(words) < 2:
-        return "postmaster" if title.startswith(("postgres", "/")) else ""
-    rest = words[1].strip()
-    known = (
-        "checkpointer", "background writer", "walwriter", "autovacuum launcher",
-        "autovacuum worker", "logical replication launcher", "archiver", "logger",
-        "stats collector", "walsender", "walreceiver", "startup", "parallel worker",
-    )  # fmt: skip
-    for name in known:
-        if rest.startswith(name):
-            return name
-    return "client backend"
 
 
 def select_targets(cluster: Cluster, filters: Filters) -> Targets:
@@ -412,17 +258,6 @@ def refresh_backends(cluster: Cluster) -> None:
     known = {b.pid: b for b in cluster.backends}
     known.update({b.pid: b for b in fresh if b.pid != cluster.own_pid})
     cluster.backends = sorted(known.values(), key=lambda b: b.pid)
-
-
-def connect_conninfo(conninfo: str) -> Any:
-    import psycopg
-
-    try:
-        return psycopg.connect(conninfo, autocommit=True)
-    except psycopg.Error as exc:
-        raise PgprobeError(
-            f"cannot connect to PostgreSQL: {_first_line(exc)}", EXIT_CONNECT
-        ) from None
 
 
 def discover(opts: ConnOptions, filters: Filters) -> Targets:

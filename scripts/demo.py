@@ -65,7 +65,8 @@ def main() -> int:
         print(f"cluster at {pg.root} (port {pg.port}); {buffers} pg_xact buffers; "
               f"burned xids {first}..{last}")  # fmt: skip
         print("load: pgbench -c 8 (TPC-B-like) + pgbench -c 8 looking up old xids", flush=True)
-        runtime = str(args.duration + 40)
+        # lwlocks' 5 s, and triage's parts attaching one after the other (time model last)
+        runtime = str(args.duration + 120)
         loads = [
             pg.pgbench("-c", "8", "-j", "1", "-T", runtime),
             pg.pgbench("-n", "-c", "8", "-j", "1", "-T", runtime, "-f", str(script)),

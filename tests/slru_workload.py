@@ -1,5 +1,8 @@
 """Workloads that make PostgreSQL read SLRU pages from disk, with known counts.
 
+Long (~400 lines) because each workload sits beside the buffer arithmetic it
+depends on; splitting them would separate a count from the reason it is exact.
+
 For the integration tests of `pgprobe clog-reads` (bpf/clog_reads.bt): each
 workload makes one backend miss the SLRU buffers of one SLRU, so that the reads
 the probe counts for that backend can be compared with the blks_read delta of
@@ -388,10 +391,16 @@ def slru_delta(
     }
 
 
-def xact_lookup_pgbench_script(first: int, last: int) -> str:
+def xact_lookup_pgbench_script(first: int, last: int, per_transaction: int = 1) -> str:
     """A pgbench script that looks up the status of random xids in first..last.
 
     With more pg_xact pages in the range than buffers, most look-ups miss: a
     steady pg_xact thrashing load for many clients (the demo and the triage test).
+    per_transaction look-ups in one statement (1: one xid from pgbench's random()).
     """
-    return f"\\set x random({first}, {last})\nSELECT pg_xact_status(:x::text::xid8);\n"
+    if per_transaction == 1:
+        return f"\\set x random({first}, {last})\nSELECT pg_xact_status(:x::text::xid8);\n"
+    return (
+        f"SELECT pg_xact_status(({first} + floor(random() * {last - first + 1}))::bigint"
+        f"::text::xid8) FROM generate_series(1, {per_transaction});\n"
+    )

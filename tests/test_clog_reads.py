@@ -102,9 +102,14 @@ def workload(pg_build: PgBuild, tracing: None) -> Iterator[Workload]:
 
 
 def start(workload: Workload, *args: str) -> subprocess.Popen[str]:
-    """pgprobe clog-reads in the background (-d 60, ended by stop()), attached when this returns."""
+    """pgprobe clog-reads in the background (-d 60, ended by stop()), attached when this returns.
+
+    The tests of this file are the syscall source's (files, bytes, latency, --trace):
+    --source syscalls unless args say otherwise (tests/test_clog_uprobe.py: the default).
+    """
+    source = [] if "--source" in args else ["--source", "syscalls"]
     argv = [sys.executable, "-m", "pgprobe", "clog-reads", *workload.cluster.conn_args,
-            "-d", "60", *args]  # fmt: skip
+            "-d", "60", *source, *args]  # fmt: skip
     probe = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT
     )
@@ -119,7 +124,8 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
     """Until pgprobe's bpftrace has attached every probe.
 
     bpftrace 0.17 opens one output-buffer perf event per CPU at start, then one
-    per tracepoint (and one for interval:s:1) as it attaches: attached is when
+    per tracepoint or uprobe (and one for interval:s:1) as it attaches (the
+    uprobe script has 5, the syscall one 20): attached is when
     that count has grown and stopped growing (for a second: on a loaded machine
     attaching can pause for a few hundred ms). pgprobe reads pg_stat_slru's
     "before" 0.1 s after bpftrace says it attaches, so a little more is waited.
@@ -134,7 +140,7 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
         count = perf_event_fds(child) if child is not None else 0
         if count != seen:
             seen, stable_since = count, time.monotonic()
-        elif count > cpus + 10 and time.monotonic() - stable_since > STABLE_S:
+        elif count > cpus + 3 and time.monotonic() - stable_since > STABLE_S:
             time.sleep(0.3)
             return
         time.sleep(0.02)
@@ -312,6 +318,7 @@ def test_interval_summaries_each_with_their_pg_stat_slru_delta(workload: Workloa
     docs = [json.loads(line) for line in done.stdout.splitlines()]
     assert 3 <= len(docs) <= 5 and docs[-1]["meta"]["final"] is True
     for doc in docs:
+        assert doc["meta"]["source"] == "uprobe"  # the default
         assert doc["meta"]["interval"] == 1
         assert doc["meta"]["slru_stats"]["pg_xact"]["name"] in ("Xact", "transaction")
     # Each summary's pg_stat_slru window runs from the previous summary to this one, as

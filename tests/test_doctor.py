@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 Recorder = Callable[[str, str], None]
 NEEDED = ("root", "bpftrace", "btf", "tracepoints", "perf sampling", "uprobes", "usdt",
           "server binary", "usdt probes", "postgresql version", "wait event address",
-          "connection")  # fmt: skip
+          "backend state address", "connection")  # fmt: skip
 
 
 def doctor(cluster: PgCluster, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -87,6 +87,21 @@ def test_doctor_reads_my_wait_event_info(cluster: PgCluster, tracing: None) -> N
     with open(f"/proc/{pm}/mem", "rb", buffering=0) as mem:
         mem.seek(pointer)
         assert int.from_bytes(mem.read(4), "little") == value
+
+
+def test_doctor_reads_a_backends_state(cluster: PgCluster, tracing: None) -> None:
+    """MyBEEntry->st_state read in a session idle in transaction, as pg_stat_activity says."""
+    with cluster.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")  # and nothing more: idle in transaction
+        pid = conn.info.backend_pid
+        _, doc = doctor(cluster)
+        (row,) = [r for r in doc["rows"] if r["check"] == "backend state address"]
+        print(row["detail"])
+        assert row["status"] == "ok", row
+        read = rf"read 'idle in transaction' in backend {pid}"
+        assert re.fullmatch(r"MyBEEntry found at 0x[0-9a-f]+, st_state at \+\d+; " + read,
+                            row["detail"]), row  # fmt: skip
 
 
 def test_doctor_says_what_runs_on_each_build(

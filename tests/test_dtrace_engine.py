@@ -124,7 +124,8 @@ def test_lwlocks_json_through_dtrace(pg: PgCluster, fake_dtrace: FakeDtrace) -> 
     assert Path(argv[2]).resolve() == (CHECKOUT / "d" / "lib" / "fds").resolve()
     assert argv[3] == "-s"
     assert Path(argv[4]).resolve() == (CHECKOUT / "d" / "lwlock_wait.d").resolve()
-    assert argv[5:] == [meta["server_binary"], str(pg.postmaster_pid), "0", "0", "0"]
+    # the last one: --max-events-per-sec's default (the guard)
+    assert argv[5:] == [meta["server_binary"], str(pg.postmaster_pid), "0", "0", "0", "1000"]
     rows = doc["rows"]
     (expected,) = expected_rows("lwlock_wait.out")
     assert rows == expected
@@ -156,7 +157,7 @@ def test_interval_by_pid_through_dtrace(pg: PgCluster, fake_dtrace: FakeDtrace) 
     docs = [json.loads(line) for line in done.stdout.splitlines()]
     assert [d["meta"]["final"] for d in docs] == [False, False, True]
     assert [d["meta"]["snapshot_time"] for d in docs] == ["23:44:19", "23:44:21", "23:44:22"]
-    assert fake_dtrace.argv()[6:] == [str(pg.postmaster_pid), "1", "1", "0"]
+    assert fake_dtrace.argv()[6:] == [str(pg.postmaster_pid), "1", "1", "0", "1000"]
     expected = expected_rows("lwlock_wait_by_pid_interval.out", by_pid=True)
     assert [[_without_names(r) for r in d["rows"]] for d in docs] == expected
     assert all("backend_type" in r for d in docs for r in d["rows"])

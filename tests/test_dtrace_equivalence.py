@@ -130,7 +130,19 @@ def test_lwlocks_json_from_both_engines(
     recorded.write_text(render_run([biggest], LWLOCK_WAIT, "lwlock_wait.d"))
     env = fake_dtrace.env(output=str(recorded))
     via_d = run_pgprobe(
-        ["lwlocks", *load.conn_args, "--engine", "dtrace", "--by", "pid", "-d", "1", "--json"],
+        [
+            "lwlocks",
+            "--max-events-per-sec",
+            "0",
+            *load.conn_args,
+            "--engine",
+            "dtrace",
+            "--by",
+            "pid",
+            "-d",
+            "1",
+            "--json",
+        ],
         env=env,
     )
     assert via_d.returncode == 0, via_d.stderr
@@ -144,7 +156,19 @@ def test_lwlocks_json_from_both_engines(
     assert [{k: v for k, v in r.items() if k not in strip} for r in d_doc["rows"]] == [
         {k: v for k, v in r.as_json().items() if k not in strip} for r in expected
     ]
-    via_bpf = run_pgprobe(["lwlocks", *load.conn_args, "--by", "pid", "-d", "2", "--json"])
+    via_bpf = run_pgprobe(
+        [
+            "lwlocks",
+            "--max-events-per-sec",
+            "0",
+            *load.conn_args,
+            "--by",
+            "pid",
+            "-d",
+            "2",
+            "--json",
+        ]
+    )
     assert via_bpf.returncode == 0, via_bpf.stderr
     b_doc = json.loads(via_bpf.stdout)
     assert b_doc["rows"] and d_doc["rows"]

@@ -4,8 +4,11 @@ The ground truth of tests/test_waits.py for the DTrace twin: a backend in
 pg_sleep(2) is charged Timeout:PgSleep 2.0 s +- 2 %, named as pg_stat_activity
 names it while it sleeps; its on-CPU and runqueue time equal the deltas of
 /proc/PID/schedstat over the same window (the backend sleeps across both
-edges). The sleep starts after dtrace printed @@attached and
-ends before Ctrl-C, so the whole sleep is inside the window. Under CI=true it
+edges); a backend idle in transaction meanwhile (BEGIN; SELECT 1; nothing until
+the sleep ends) is active Client:ClientRead in state "idle in transaction" for
+that time +- 2 % (d/waits.d's copyin of MyBEEntry->st_state). The sleep starts
+after dtrace printed @@attached and ends before Ctrl-C, so the whole sleep is
+inside the window. Under CI=true it
 fails when DTrace is missing.
 """
 
@@ -27,19 +30,28 @@ __all__ = ["dtrace"]  # the fixture, shared with test_dtrace_live
 
 
 def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
-    with PgCluster(name="pgprobe-dtrace-waits") as pg, pg.connect() as sleeper:
-        pid = sleeper.info.backend_pid
+    with (
+        PgCluster(name="pgprobe-dtrace-waits") as pg,
+        pg.connect() as sleeper,
+        pg.connect() as intx,
+    ):
+        pid, intx_pid = sleeper.info.backend_pid, intx.info.backend_pid
         before = settled({"sleeper": pid})["sleeper"]
         args = ["waits", *pg.conn_args, "--engine", "dtrace", "--by", "pid", "-d", "900"]
         run = Run(tmp_path, *args, "--json", dtrace=dtrace)
         print(f"dtrace attached in {run.wait_attached('@@attached', 2.0):.1f} s")
         assert schedstat(pid) == before, "ran while attaching"
+        intx.execute("BEGIN")
+        intx.execute("SELECT 1")
+        began = time.monotonic()
         work = threading.Thread(target=sleeper.execute, args=("SELECT pg_sleep(2)",))
         work.start()
         time.sleep(1.0)
         query = "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = "
         (seen,) = pg.sql(f"{query}{pid}")
         work.join(timeout=60)
+        in_tx_truth = time.monotonic() - began
+        intx.execute("COMMIT")
         after = settled({"sleeper": pid})["sleeper"]
         doc, err, stop_s = run.stop()
         assert schedstat(pid) == after, "ran while stopping"
@@ -49,6 +61,12 @@ def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
     sleep_s = total_us(doc["rows"], pid, "wait", "Timeout", "PgSleep") / 1e6
     print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")
     assert near(sleep_s, 2.0), sleep_s
+    in_tx = [r for r in doc["rows"] if r["pid"] == intx_pid
+             and r["state"] == "idle in transaction"]  # fmt: skip
+    in_tx_s = sum(r["total_us"] for r in in_tx) / 1e6
+    print(f"idle in transaction {in_tx_s:.4f} s (truth {in_tx_truth:.4f})")
+    assert {r["category"] for r in in_tx} == {"wait"}
+    assert near(in_tx_s, in_tx_truth), (in_tx_s, in_tx_truth)
 
     cpu_us, runq_us = total_us(doc["rows"], pid, "on CPU"), total_us(doc["rows"], pid, "runqueue")
     cpu_truth, runq_truth = (after[0] - before[0]) / 1e3, (after[1] - before[1]) / 1e3

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from helpers import need, run_pgprobe
 
 from pgprobe.errors import EXIT_CONNECT, EXIT_ENV, EXIT_TARGET, EXIT_TRACER, EXIT_USAGE
 from pgprobe.sandbox import PgCluster, pg_bindir
+from pgprobe.tools import common
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
@@ -50,6 +53,25 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, *ne
 )
 def test_bad_options(args: list[str], needle: str) -> None:
     assert_one_line_error(run_pgprobe(args), EXIT_USAGE, needle)
+
+
+@pytest.mark.parametrize(
+    ("check", "text", "said"),
+    [
+        (common.bounded(int, 1, 10, unit="Hz"), "11", "must be between 1 and 10 Hz: 11"),
+        (common.bounded(int, 1, 10, unit="Hz"), "1.5", "not a whole number of Hz: '1.5'"),
+        (common.bounded(float, 0.0, 5.0, low_open=True), "0", "more than 0 and at most 5: 0"),
+        (common.bounded(float, 0.0, 5.0), "nan", "must be between 0 and 5: nan"),
+        (common.bounded(int, 0), "-1", "must be 0 or more: -1"),
+    ],
+)
+def test_bounded_numbers_say_what_they_must_be(
+    check: Callable[[str], float], text: str, said: str
+) -> None:
+    """common.bounded, every tool's number type: the bounds (NaN is never within) in words."""
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(said)):
+        check(text)
+    assert check("1") == 1
 
 
 def test_interval_longer_than_duration() -> None:
@@ -182,6 +204,25 @@ def test_no_traceback_for_internal_paths() -> None:
     )
     assert done.returncode == EXIT_USAGE
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_ctrl_c_while_finishing_is_said(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C after the capture (unwinding, writing) cuts the output: one line says so."""
+    from pgprobe import cli
+
+    def interrupted(ns: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser("hot")
+    parse = parser.parse_args
+    monkeypatch.setattr(
+        parser, "parse_args", lambda a: argparse.Namespace(**{**vars(parse(a)), "run": interrupted})
+    )
+    monkeypatch.setattr(cli, "build_parser", lambda only: parser)
+    assert cli.main(["hot", "-d", "1"]) == 130
+    assert capsys.readouterr().err == "pgprobe: interrupted: the output is incomplete\n"
 
 
 def test_tracer_error_is_surfaced(cluster: PgCluster, tracing: None) -> None:

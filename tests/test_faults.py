@@ -78,7 +78,7 @@ def busy(tracing: None) -> Iterator[PgCluster]:
 
 def test_tracer_killed_with_nothing_kept(busy: PgCluster) -> None:
     """kill -9 of bpftrace 2 s into `lwlocks -d 20`: which, how, when; exit 6."""
-    run = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "20"])
+    run = start_pgprobe(["lwlocks", "--max-events-per-sec", "0", *busy.conn_args, "-d", "20"])
     wait_attached(run.pid)
     os.kill(tracers(run.pid)[0], signal.SIGKILL)
     out, err = run.communicate(timeout=60)
@@ -93,7 +93,19 @@ def test_tracer_killed_with_nothing_kept(busy: PgCluster) -> None:
 
 def test_tracer_killed_after_intervals_keeps_them_marked_partial(busy: PgCluster) -> None:
     """With --interval 1, the summaries printed before the kill are kept; the last is partial."""
-    run = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "30", "--interval", "1", "--json"])
+    run = start_pgprobe(
+        [
+            "lwlocks",
+            "--max-events-per-sec",
+            "0",
+            *busy.conn_args,
+            "-d",
+            "30",
+            "--interval",
+            "1",
+            "--json",
+        ]
+    )
     wait_attached(run.pid)
     time.sleep(2.5)
     os.kill(tracers(run.pid)[0], signal.SIGKILL)
@@ -112,11 +124,11 @@ def test_tracer_killed_after_intervals_keeps_them_marked_partial(busy: PgCluster
 def test_triage_goes_on_without_a_killed_part(busy: PgCluster, tmp_path: Path) -> None:
     """One of triage's captures killed: the report is written, says which part and why."""
     report = tmp_path / "r.html"
-    # --unwind fp: all three parts are bpftrace processes (auto would sample with perf here)
+    # --unwind fp: all four parts are bpftrace processes (auto would sample with perf here)
     run = start_pgprobe(
         ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json", "--unwind", "fp"]
     )
-    wait_attached(run.pid, count=3)
+    wait_attached(run.pid, count=4)
     (lwlock_tracer,) = tracers(run.pid, "lwlock_wait.bt")
     os.kill(lwlock_tracer, signal.SIGKILL)
     out, err = run.communicate(timeout=240)
@@ -124,7 +136,7 @@ def test_triage_goes_on_without_a_killed_part(busy: PgCluster, tmp_path: Path) -
     doc = json.loads(out)
     assert doc["lwlocks"] is None
     assert doc["hot"] is not None and doc["clog_reads"] is not None
-    assert sorted(doc["meta"]["parts"]) == ["clog_reads", "profile"]
+    assert sorted(doc["meta"]["parts"]) == ["clog_reads", "profile", "waits"]
     why = [w for w in doc["meta"]["warnings"] if w.startswith("lwlocks produced nothing")]
     assert why and "bpftrace was killed by signal 9 (SIGKILL)" in why[0], doc["meta"]["warnings"]
     missing = [f for f in doc["findings"] if f["id"] == "capture.missing.lwlocks"]
@@ -146,7 +158,19 @@ def pg_ctl_stop(pg: PgCluster) -> None:
 
 def test_tools_print_what_the_probes_collected_when_the_server_stops(busy: PgCluster) -> None:
     """pg_ctl stop 2 s into lwlocks and clog-reads: both print their tables, exit 0."""
-    lw = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "8", "--by", "pid", "--json"])
+    lw = start_pgprobe(
+        [
+            "lwlocks",
+            "--max-events-per-sec",
+            "0",
+            *busy.conn_args,
+            "-d",
+            "8",
+            "--by",
+            "pid",
+            "--json",
+        ]
+    )
     clog = start_pgprobe(["clog-reads", *busy.conn_args, "-d", "8", "--json"])
     wait_attached(lw.pid)
     wait_attached(clog.pid)
@@ -166,11 +190,11 @@ def test_tools_print_what_the_probes_collected_when_the_server_stops(busy: PgClu
 def test_triage_report_is_cut_where_the_server_went_away(busy: PgCluster, tmp_path: Path) -> None:
     """pg_ctl stop 3 s into triage -d 8: the report is written, SQL cut there, a finding."""
     report = tmp_path / "r.html"
-    # --unwind fp: all three parts are bpftrace processes (auto would sample with perf here)
+    # --unwind fp: all four parts are bpftrace processes (auto would sample with perf here)
     run = start_pgprobe(
         ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json", "--unwind", "fp"]
     )
-    wait_attached(run.pid, count=3)
+    wait_attached(run.pid, count=4)
     time.sleep(2)
     pg_ctl_stop(busy)
     stopped = time.monotonic()
@@ -183,6 +207,7 @@ def test_triage_report_is_cut_where_the_server_went_away(busy: PgCluster, tmp_pa
     assert doc["stats"] is not None, "the deltas up to the last good reading are kept"
     assert doc["activity"]["samples"] and "cut_at_s" in doc["activity"]
     assert doc["lwlocks"]["rows"] and doc["hot"]["rows"], "the probes went on"
+    assert doc["waits"]["cluster_rows"], "the time model went on too"
     found = [f for f in doc["findings"] if f["id"] == "capture.server_gone"]
     assert found and found[0]["title"].startswith("The server stopped during the capture, at ")
     assert f"at {gone['at']}" in report.read_text()
@@ -230,9 +255,18 @@ def perf_probe_on_done_sites(busy: PgCluster) -> Iterator[list[str]]:
 def test_usdt_sites_taken_by_perf_probe_are_said_loudly(
     busy: PgCluster, perf_probe_on_done_sites: list[str]
 ) -> None:
-    run = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "10"])
+    run = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "10", "--max-events-per-sec", "0"])
+    wait_attached(run.pid)
+    (tracer,) = tracers(run.pid)
     out, err = run.communicate(timeout=180)
     assert run.returncode == 0, err
+    # The perf uprobe PMU refused those sites, so bcc registered them through tracefs:
+    # bpftrace, stopped after its answer, still removes them as it ends (SIGKILL would not).
+    events = Path("/sys/kernel/tracing/uprobe_events")
+    deadline = time.monotonic() + 60
+    while f"_bcc_{tracer} " in events.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"_bcc_{tracer} " not in events.read_text()
     event = perf_probe_on_done_sites[0].replace(":", "/")
     assert f"another uprobe ({event}) sits on USDT probe lwlock__wait__done" in err
     assert "perf probe -d probe_postgres:" in err

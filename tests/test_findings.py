@@ -27,7 +27,7 @@ import pytest
 from helpers import load_triage
 
 from pgprobe import findings
-from pgprobe.findings import Finding, evaluate
+from pgprobe.findings import Finding, evaluate, fmt
 
 load = load_triage
 
@@ -427,6 +427,84 @@ def test_wait_events_variant_cpu_bound() -> None:
     assert found(doc, "wait.row-locks")["wait.row-locks"].severity == "low"
 
 
+def _model_rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f"{r['wait_event_type']}:{r['wait_event']}": r for r in doc["waits"]["rows"]}
+
+
+def _active_s(doc: dict[str, Any]) -> float:
+    rows = doc["waits"]["rows"]
+    return sum(r["total_us"] for r in rows if r["category"] in ("on CPU", "runqueue", "wait")) / 1e6
+
+
+def test_wait_events_exact_real_timemodel() -> None:
+    """timemodel.json (a real triage run on a hot-row load): the shares are exact seconds of
+    the client backends' active time, from the time-model rows, with the samples beside."""
+    doc = load("timemodel")
+    rows, active = _model_rows(doc), _active_s(doc)
+    xid = rows["Lock:transactionid"]["total_us"] / 1e6
+    tup = rows["Lock:tuple"]["total_us"] / 1e6
+    f = one(doc, "wait.row-locks")
+    assert f.severity == "high" and f.section == "timemodel"
+    assert f.title.startswith(f"{100 * (xid + tup) / active:.0f} % of active time waits on row")
+    assert f"Lock:transactionid {100 * xid / active:.0f} %, {xid:.1f} s" in f.title
+    window = doc["waits"]["meta"]["window_s"]
+    assert f.evidence.startswith(
+        f"exact: {fmt.secs(xid + tup)} of the client backends' {fmt.secs(active)} of active "
+        "time over "
+        f"{fmt.secs(window)}; {fmt.n((xid + tup) / window)} backends in these waits on average"
+    ), f.evidence
+    profile = {p["wait_event"]: p["samples"] for p in doc["activity"]["wait_profile"]}
+    sampled = profile["transactionid"] + profile.get("tuple", 0)
+    assert f"({sampled} of {sum(profile.values())} samples of active backends)" in f.evidence
+
+
+def test_wait_events_exact_pg_sleep_is_at_most_low() -> None:
+    """The hot-row script's pg_sleep(0.02) is a fifth of the active time: said, but low."""
+    f = one(load("timemodel"), "wait.pg-sleep")
+    assert f.severity == "low" and "Timeout:PgSleep" in f.title
+
+
+def test_row_lock_share_is_exact_for_the_lwlock_rule() -> None:
+    doc = load("timemodel")
+    rows, active = _model_rows(doc), _active_s(doc)
+    share = (rows["Lock:transactionid"]["total_us"] + rows["Lock:tuple"]["total_us"]) / 1e4
+    f = one(doc, "lwlock.LockManager")
+    assert f"({share / active:.0f} % of active time waits on Lock:transactionid/tuple)" in f.title
+
+
+def test_wait_events_exact_variant_no_time_model_falls_back_to_samples() -> None:
+    """Variant: timemodel.json as on a build where the time model could not run."""
+    doc = load("timemodel")
+    doc["waits"] = None
+    doc["meta"]["warnings"].append("waits left out: postgres has no symbol my_wait_event_info")
+    f = one(doc, "wait.row-locks")
+    assert "pg_stat_activity snapshots" in f.evidence and f.section == "waits"
+    missing = one(doc, "capture.missing.waits")
+    assert "my_wait_event_info" in missing.evidence and "time model" in missing.title
+
+
+def test_wait_events_exact_variant_too_little_active_time() -> None:
+    """Variant: every active row of timemodel.json scaled down to 0.4 s of active time."""
+    doc = load("timemodel")
+    scale = 0.4 / _active_s(doc)
+    for r in doc["waits"]["rows"]:
+        r["total_us"] *= scale
+    assert not found(doc, "wait.")
+
+
+def test_wait_events_exact_variant_cpu_bound() -> None:
+    """Variant: the model's Lock:transactionid time moved to on CPU and runqueue."""
+    doc = load("timemodel")
+    rows = _model_rows(doc)
+    moved = rows["Lock:transactionid"]["total_us"]
+    rows["Lock:transactionid"]["total_us"] = 0
+    rows["CPU:on CPU"]["total_us"] += moved / 2
+    rows["CPU:runqueue (preempted)"]["total_us"] += moved / 2
+    f = one(doc, "wait.cpu")
+    assert "on CPU or waiting for one" in f.title and f.severity == "medium"
+    assert f.evidence.startswith("exact: ")
+
+
 # ---------------------------------------------------------------------------------------------
 # checkpoints_requested
 
@@ -710,6 +788,18 @@ def test_capture_unresolved_real_stripped_server() -> None:
     assert "postgresql-15-dbgsym" in f.next_step
     # the idle capture has 2 samples: unresolved frames do not matter there
     assert not found(load("idle"), "capture.unresolved")
+
+
+def test_capture_unresolved_variant_names_each_stripped_file() -> None:
+    """Variant: pgbench.json with the per-file shares a capture since issue 15 writes
+    (hot meta stripped_frames_pct, debug_packages): the stripped files and their packages."""
+    doc = load("pgbench")
+    doc["hot"]["meta"]["stripped_frames_pct"] = {"postgres": 21.9, "libcrypto.so.3": 10.3}
+    doc["hot"]["meta"]["debug_packages"] = ["postgresql-15-dbgsym", "libssl3-dbgsym"]
+    f = one(doc, "capture.unresolved")
+    assert "32 % of stack frames are static functions of stripped files" in f.title
+    assert "postgres 22 %, libcrypto.so.3 10 %" in f.title
+    assert "install postgresql-15-dbgsym, libssl3-dbgsym" in f.next_step
 
 
 def test_capture_unresolved_names_cut_stacks_apart_from_missing_symbols() -> None:

@@ -121,6 +121,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "triage_pgbench": lambda: _triage("pgbench"),
     "triage_slru": lambda: _triage("slru"),
     "triage_idle": lambda: _triage("idle"),
+    "triage_timemodel": lambda: _triage("timemodel"),
     "lwlocks_bpftrace_by_pid_interval": lambda: _lwlock_rows(
         FIXTURES / "bpftrace" / "lwlock_wait_by_pid_interval.jsonl", dtrace=False
     ),

@@ -23,10 +23,12 @@ package's ``__init__`` may re-export its own modules whatever their layer (a too
 re-exports its command for cli.py and its records for other tools; it is in the "tools"
 layer, and its code lives in the modules, which are checked).
 
-Old single-file tools (tools/lwlocks.py, ...) still hold their views and commands: they are
-classified as "tools", and their imports of render/findings are listed in KNOWN_EXCEPTIONS
-until issue 12 splits them into probe/records/view/command. An exception that no longer
-occurs fails the test too, so that the list only shrinks.
+A tool draws on the terminal only in its view.py: views are in the "render" layer, so they
+may use render.table (and their tool's records and tools.common), never the engines; every
+other module of a tool package (probe, records, doctor's checks by area, ...) is in the
+"tools" layer, so an import of render.table or findings there fails. KNOWN_EXCEPTIONS is
+empty since issue 12 split the last single-file tool (triage); an exception listed there
+that no longer occurs fails the test too, so that the list only shrinks.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe", "base"),
     ("pgprobe.errors", "base"),
     ("pgprobe.proc", "base"),
+    ("pgprobe.timings", "base"),  # PGPROBE_TIMINGS phase marks, for every layer
     ("pgprobe.stacks", "base"),
     ("pgprobe.symbolize", "base"),
     ("pgprobe.symbolize.*", "base"),
@@ -60,7 +63,10 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.unwind", "engines"),
     ("pgprobe.unwind.*", "engines"),
     ("pgprobe.discover", "tools"),
+    ("pgprobe.connection", "tools"),
+    ("pgprobe.localserver", "tools"),
     ("pgprobe.pgstats", "tools"),
+    ("pgprobe.pgstats.*", "tools"),
     ("pgprobe.pgbuilds", "tools"),
     ("pgprobe.tools", "tools"),
     ("pgprobe.tools.*.view", "render"),
@@ -73,7 +79,7 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.tools.*.records", "tools"),
     ("pgprobe.tools.common", "tools"),
     ("pgprobe.tools.profiling", "tools"),
-    ("pgprobe.tools.*", "tools"),  # tool packages, and old single-file tools (see below)
+    ("pgprobe.tools.*", "tools"),  # tool packages, their other modules, single-file tools
     ("pgprobe.findings", "findings"),
     ("pgprobe.findings.*", "findings"),
     ("pgprobe.render", "render"),
@@ -92,17 +98,7 @@ NEVER = {
 }
 
 # Imports against the layers that exist today, each to go when its module is split.
-KNOWN_EXCEPTIONS = {
-    # issue 12: the single-file tools draw their own tables until each has a view.py
-    ("pgprobe.tools.backends", "pgprobe.render.table"),
-    ("pgprobe.tools.doctor", "pgprobe.render.table"),
-    ("pgprobe.tools.lwlocks", "pgprobe.render.table"),
-    # issue 12: triage's command evaluates the findings and writes the report (its
-    # command.py, in the cli layer, may)
-    ("pgprobe.tools.triage", "pgprobe.findings"),
-    ("pgprobe.tools.triage", "pgprobe.render.flamegraph"),
-    ("pgprobe.tools.triage", "pgprobe.render.report"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def modules() -> dict[str, Path]:

@@ -22,6 +22,8 @@ from pgprobe.sandbox import PgCluster
 
 pytestmark = pytest.mark.integration
 
+# pgbench -c 8 fires the LWLock probes ~9,000 times a second: past the default guard.
+NO_GUARD = ("--max-events-per-sec", "0")
 REAL_TRANCHES = {"WALWrite", "LockManager", "BufferContent", "WALInsert", "ProcArray", "XactSLRU"}
 
 
@@ -62,7 +64,7 @@ def bench_pids(cluster: PgCluster) -> list[int]:
 
 
 def lwlocks_json(cluster: PgCluster, *extra: str) -> dict[str, Any]:
-    done = run_pgprobe(["lwlocks", *cluster.conn_args, "--json", *extra])
+    done = run_pgprobe(["lwlocks", *NO_GUARD, *cluster.conn_args, "--json", *extra])
     assert done.returncode == 0, done.stderr
     doc: dict[str, Any] = json.loads(done.stdout)
     return doc
@@ -140,7 +142,9 @@ def test_lwlocks_filter_by_application(load: PgCluster) -> None:
 
 
 def test_lwlocks_interval_prints_a_table_per_interval(load: PgCluster) -> None:
-    done = run_pgprobe(["lwlocks", *load.conn_args, "-d", "4", "--interval", "1", "--json"])
+    done = run_pgprobe(
+        ["lwlocks", *NO_GUARD, *load.conn_args, "-d", "4", "--interval", "1", "--json"]
+    )
     assert done.returncode == 0, done.stderr
     docs = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     # 4 one-second intervals, and what the last moments left at exit
@@ -151,7 +155,7 @@ def test_lwlocks_interval_prints_a_table_per_interval(load: PgCluster) -> None:
 
 
 def test_lwlocks_plain_table_when_piped(load: PgCluster) -> None:
-    done = run_pgprobe(["lwlocks", *load.conn_args, "-d", "2"])
+    done = run_pgprobe(["lwlocks", *NO_GUARD, *load.conn_args, "-d", "2"])
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("LWLock waits: whole cluster")
@@ -163,8 +167,8 @@ def test_lwlocks_plain_table_when_piped(load: PgCluster) -> None:
 def test_lwlocks_pid_without_connection_uses_proc(load: PgCluster) -> None:
     pid = bench_pids(load)[0]
     # Nothing listens on this port: discovery falls back to /proc for --pid.
-    done = run_pgprobe(["lwlocks", "-h", "/nonexistent", "-p", "1", "--pid", str(pid), "-d", "2",
-                        "--json"])  # fmt: skip
+    done = run_pgprobe(["lwlocks", *NO_GUARD, "-h", "/nonexistent", "-p", "1", "--pid", str(pid),
+                        "-d", "2", "--json"])  # fmt: skip
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["meta"]["postmaster_pid"] == load.postmaster_pid
@@ -186,7 +190,17 @@ def wait_attached(child: subprocess.Popen[str], timeout: float = 60) -> None:
 
 def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-m", "pgprobe", "lwlocks", *load.conn_args, "-d", "60", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "pgprobe",
+            "lwlocks",
+            *NO_GUARD,
+            *load.conn_args,
+            "-d",
+            "60",
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -204,7 +218,7 @@ def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
 
 def test_sigterm_also_prints_what_was_collected(load: PgCluster) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-m", "pgprobe", "lwlocks", *load.conn_args, "-d", "60"],
+        [sys.executable, "-m", "pgprobe", "lwlocks", *NO_GUARD, *load.conn_args, "-d", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -251,7 +265,7 @@ def test_sched_sleeps_against_usdt_waits_on_the_same_load(load: PgCluster) -> No
     docs: dict[str, dict[str, dict[str, tuple[int, float]]]] = {}
 
     def capture(source: str) -> None:
-        argv = ["lwlocks", *load.conn_args, "--json", "-d", "15", "--interval", "1"]
+        argv = ["lwlocks", *NO_GUARD, *load.conn_args, "--json", "-d", "15", "--interval", "1"]
         done = run_pgprobe([*argv, "--source", source])
         assert done.returncode == 0, done.stderr
         lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]

@@ -117,3 +117,21 @@ def test_unresolved_warning_names_the_fix() -> None:
     assert "dbgsym" in line and BINARY in line
     if Path("/var/lib/dpkg").is_dir() and Path(BINARY).exists():
         assert "postgresql-15-dbgsym" in line
+
+
+def test_stripped_warning_names_each_file_and_its_package() -> None:
+    """Frames shown as module+0x... in files without .symtab: their share of all frames,
+    per file, and the -dbgsym package of each (dpkg -S)."""
+    snapshot = Snapshot(maps={"stacks": {(4001, named("postgres`0x10", "main")): 4}})
+    p = profile_of(snapshot, targets([4001]))
+    p.resolved_frames, p.unresolved_frames = 60, 40
+    p.stripped_frames = {"postgres": 30, "libcrypto.so.3": 10}
+    crypto = "/usr/lib/x86_64-linux-gnu/libcrypto.so.3"
+    p.stripped_paths = {"postgres": BINARY, "libcrypto.so.3": crypto}
+    assert p.stripped_pct() == {"postgres": 30.0, "libcrypto.so.3": 10.0}
+    line = next(w for w in p.warnings() if "stripped files" in w)
+    assert line.startswith("40 % of frames are static functions of stripped files")
+    assert "(postgres 30 %, libcrypto.so.3 10 %)" in line
+    if Path("/var/lib/dpkg").is_dir() and Path(BINARY).exists() and Path(crypto).exists():
+        assert "install postgresql-15-dbgsym, libssl3-dbgsym" in line
+        assert p.meta()["debug_packages"] == ["postgresql-15-dbgsym", "libssl3-dbgsym"]

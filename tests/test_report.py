@@ -32,9 +32,20 @@ from helpers import load_triage
 from pgprobe.findings import SECTIONS
 from pgprobe.render.flamegraph import XPAD, render_svg
 from pgprobe.render.report import render_html, timeline_svg
+from pgprobe.tools.triage import view
 
 FIXTURES = Path(__file__).parent / "fixtures" / "triage"
-REPORT_SECTIONS = ["findings", "flame", "lwlocks", "slru", "waits", "cpu", "sql", "capture"]
+REPORT_SECTIONS = [
+    "findings",
+    "timemodel",
+    "flame",
+    "lwlocks",
+    "slru",
+    "waits",
+    "cpu",
+    "sql",
+    "capture",
+]
 VOID = {"meta", "link", "br", "hr", "img", "input", "col", "area", "base", "wbr", "source"}
 EVIL_QUERY = (
     "SELECT '<script>alert(1)</script>' AS x, 'a&b' FROM \"t\" WHERE u = 'http://x.example/'"
@@ -111,7 +122,7 @@ def srcdoc(page: Page) -> str:
 # Structure and data.
 
 
-@pytest.mark.parametrize("name", ["pgbench", "slru", "idle"])
+@pytest.mark.parametrize("name", ["pgbench", "slru", "idle", "timemodel"])
 def test_page_parses_and_has_every_section(name: str) -> None:
     text, page = render(name)
     assert text.startswith("<!DOCTYPE html>")
@@ -154,6 +165,69 @@ def test_sections_hold_the_recorded_data() -> None:
     assert inner.count('<g class="f"') > 100
     assert "PostgresMain" in inner and "base_yyparse" in inner
     assert "<script>" in inner and "function zoomTo" in inner
+
+
+def test_time_model_section_exact_beside_sampled() -> None:
+    """timemodel.json: the client backends' exact seconds per wait event, a bar each, the
+    sampled share beside; idle apart; the whole cluster folded below."""
+    doc = load("timemodel")
+    _, page = render("timemodel")
+    assert page.errors == []
+    tm = page.text("timemodel")
+    rows = {f"{r['wait_event_type']}:{r['wait_event']}": r for r in doc["waits"]["rows"]}
+    xid = rows["Lock:transactionid"]
+    assert f"Lock:transactionid {xid['total_us'] / 1e6:,.3f}" in tm
+    profile = {p["wait_event"]: p for p in doc["activity"]["wait_profile"]}
+    assert f"{profile['transactionid']['pct']:.1f} {profile['transactionid']['samples']}" in tm
+    active = doc["waits"]["meta"]["active_us"] / 1e6
+    assert f"{active:,.2f} s active" in tm
+    assert "Idle and unaccounted time" in tm and "Client:ClientRead" in tm
+    assert "Every process of the cluster" in tm
+    bars = [a for t, a in page.tags if t == "i" and "width" in str(a.get("style"))]
+    assert bars, "a bar per wait event"
+    assert page.text("findings").count("See the time model") >= 1
+
+
+def test_time_model_unavailable_says_why_in_one_line() -> None:
+    """A build without the address: one line saying why; the rest of the report is there."""
+    warning = "waits left out: /usr/sbin/postgres has no symbol my_wait_event_info"
+    doc = load("timemodel")
+    doc["waits"] = None
+    doc["meta"]["warnings"] = [warning]
+    doc["findings"] = []
+    page = Page(render_html(doc, None))
+    assert page.errors == []
+    assert (
+        page.text("timemodel") == f"Time model (exact, from the scheduler) unavailable: {warning}"
+    )
+    assert "transactionid" in page.text("waits") and page.text("lwlocks")
+    _, old = render("pgbench")
+    assert "predates the time model" in old.text("timemodel")
+
+
+def test_time_model_of_an_empty_capture() -> None:
+    doc = load("timemodel")
+    doc["waits"]["rows"] = []
+    doc["waits"]["cluster_rows"] = []
+    page = Page(render_html(doc, None))
+    assert "no client backend was seen in the window" in page.text("timemodel")
+    assert "no PostgreSQL process was seen in the window" in page.text("timemodel")
+
+
+def test_terminal_time_model_lines() -> None:
+    """The summary's time model: exact seconds and shares, the sampled share beside."""
+    doc = load("timemodel")
+    lines = view.time_model_lines(doc)
+    assert lines[0].startswith("time model (exact): ")
+    xid = next(ln for ln in lines if "Lock:transactionid" in ln)
+    rows = {r["wait_event"]: r for r in doc["waits"]["rows"]}
+    assert f"{rows['transactionid']['total_us'] / 1e6:.3f} s" in xid and "sampled  75.7 %" in xid
+    doc["waits"] = None
+    doc["meta"]["warnings"] = ["waits left out: no symbol my_wait_event_info"]
+    assert view.time_model_lines(doc) == [
+        "time model: unavailable: waits left out: no symbol my_wait_event_info"
+    ]
+    assert view.time_model_lines(load("pgbench")) == []
 
 
 def test_statements_and_checkpoints_of_pgbench() -> None:

@@ -4,7 +4,9 @@ Long because it holds every serve test, the real Prometheus one among them.
 
 Prometheus is Debian's package (scripts/setup installs it), started here on a
 loopback port with a temporary config (scrape every second) and storage dir.
-The load: pgbench -c 8 (LWLock waits: WALWrite, LockManager, BufferContent ...)
+The time model (pgprobe waits) is checked against pg_sleep lengths and
+/proc/PID/schedstat run time. The load: pgbench -c 8 (LWLock waits: WALWrite,
+LockManager, BufferContent ...)
 and one backend looking up the status of xids spread over more pg_xact pages
 than the server has buffers (every lookup reads a page: slru_workload). The
 test asks Prometheus' HTTP API for rate() of the counters, then restarts
@@ -43,9 +45,12 @@ from slru_workload import (
 )
 from test_flame import assert_close, backend, cpu_seconds, run_query  # noqa: F401 (fixture)
 
-from pgprobe.engines.base import Log2Hist, Snapshot, Stats
+from pgprobe.engines import bpftrace
+from pgprobe.engines.base import Log2Hist, RunInfo, Snapshot, Stats
 from pgprobe.sandbox import PgCluster, as_postgres, free_port, pg_bindir
-from pgprobe.tools.serve import metrics, records
+from pgprobe.tools.serve import metrics, records, recycle, timemodel
+from pgprobe.tools.waits import probe as waits_probe
+from pgprobe.tools.waits import records as waits_records
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 WINDOW_S = 2
@@ -75,6 +80,88 @@ def test_windows_add_up_and_histograms_are_cumulative() -> None:
     assert buckets[repr(2048 / 1e9)] == 8
     assert buckets[repr(8192 / 1e9)] == 12
     assert buckets[repr(2**34 / 1e9)] == 12 and buckets["+Inf"] == 14  # beyond: +Inf only
+
+
+def test_time_model_rows_add_up_per_backend_type() -> None:
+    totals = records.Totals()
+    common: dict[str, Any] = dict(wall_ns=10_000, backend_type="client backend")
+    rows = [
+        waits_records.Row("on CPU", "CPU", "on CPU", 3_000, **common),
+        waits_records.Row("runqueue", "CPU", "runqueue (preempted)", 500, **common),
+        waits_records.Row("runqueue", "CPU", "runqueue (woken, not yet running)", 250, **common),
+        waits_records.Row("wait", "Timeout", "PgSleep", 4_000, sleeps=2, **common),
+        waits_records.Row("idle", "Client", "ClientRead", 2_000, sleeps=5, **common),
+        waits_records.Row("unknown", "", "(asleep since before capture)", 200, **common),
+        waits_records.Row("not accounted", "", "(not accounted)", 50, **common),
+    ]
+    for _ in range(2):  # two windows of one process
+        records.add_time_model(totals, rows)
+    assert totals.oncpu_ns["client backend"] == 6_000
+    assert totals.runqueue_ns["client backend"] == 1_500
+    assert totals.process_ns["client backend"] == 20_000  # once per process and window
+    key = ("Timeout", "PgSleep", "client backend", "active")
+    assert totals.wait_ns[key] == 8_000 and totals.wait_sleeps[key] == 4
+    assert totals.wait_ns["Client", "ClientRead", "client backend", "idle"] == 4_000
+    assert totals.wait_ns["", "(asleep since before capture)", "client backend", "unknown"] == 400
+    assert len(totals.wait_ns) == 3  # "not accounted" is process seconds minus the rest
+
+
+def test_waits_tracer_is_recycled_before_its_maps_fill() -> None:
+    """waits.bt keeps running totals of every process until it ends: the agent counts
+    the exited ones a window holds, to start the tracer again well before the maps
+    reach BPFTRACE_MAP_KEYS_MAX (65,536 keys; about five per process in the largest)."""
+    exits = {(pid,): 1_000 + pid for pid in range(timemodel.RECYCLE_AFTER_EXITED)}
+    assert timemodel.exited(Snapshot(maps={"exit_ns": exits})) == len(exits)
+    assert timemodel.exited(Snapshot()) == 0
+    assert timemodel.RECYCLE_AFTER_EXITED * 5 < 65_536
+
+
+def test_stale_tasks_of_other_programs_make_the_waits_tracer_start_afresh() -> None:
+    """@task entries of tasks that no longer exist (beyond pid_max here) and that @exit_ns
+    does not keep on purpose are counted; past RECYCLE_AFTER_STALE the tracer is recycled."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    dead = {(pid_max + i,): (0, 9, 0, 0) for i in range(recycle.RECYCLE_AFTER_STALE)}
+    ours_exited = {(pid_max + 10**6,): (5, 4, 0, 0)}
+    task = {**dead, **ours_exited, (os.getpid(),): (0, 9, 0, 0)}
+    exits = {(pid_max + 10**6,): 123}
+    snapshot = Snapshot(maps={"task": task, "exit_ns": exits})
+    assert recycle.stale_tasks(snapshot) == recycle.RECYCLE_AFTER_STALE
+    assert "tasks of other programs that exited" in recycle.waits_full(snapshot)
+    del task[(pid_max,)]
+    assert recycle.waits_full(snapshot) == ""
+
+
+def test_a_state_map_printed_twice_keeps_one_value() -> None:
+    """bpftrace's walk of a hash map restarts when the key it stands on is deleted (waits.bt
+    deletes @task entries at exits while it is printed): keys come twice (a tuple cannot be
+    summed: that ended serve's waits tracer with a ValueError)."""
+    line = (b'{"type": "map", "data": {"@task": {"14": [0,9,0,0], "14": [0,9,0,0], '
+            b'"9337": [5,4,0,0], "9337": [7,1,0,0]}}}')  # fmt: skip
+    info = RunInfo(engine="bpftrace")
+    specs = {f"@{s.name}": s for s in waits_probe.MAPS}
+    parser = bpftrace._OutputParser(specs, info, live_marker=False)
+    list(parser.feed(b'{"type": "time", "data": "08:00:00\\n"}'))
+    list(parser.feed(line))
+    (snapshot,) = [e for e in parser.finish() if isinstance(e, Snapshot)]
+    assert snapshot.get("task") == {(14,): (0, 9, 0, 0), (9337,): (7, 1, 0, 0)}
+
+
+def test_cpu_tracer_is_recycled_when_its_stack_map_refuses_stacks() -> None:
+    """A share of samples without a user stack past STACKLESS_RECYCLE_SHARE, over enough
+    samples, in a tracer older than STACK_RECYCLE_MIN_S: started afresh (an empty map)."""
+
+    @dataclass
+    class Window:  # the two figures of a profiling.Profile the watch reads
+        samples: int
+        samples_without_stack: int
+
+    watch = recycle.StackMapWatch()
+    few = Window(recycle.STACK_CHECK_SAMPLES, recycle.STACK_CHECK_SAMPLES // 100)
+    many = Window(recycle.STACK_CHECK_SAMPLES, recycle.STACK_CHECK_SAMPLES // 10)
+    assert watch.full(many) == ""  # type: ignore[arg-type]  (too young)
+    watch.started -= recycle.STACK_RECYCLE_MIN_S
+    assert watch.full(few) == ""  # type: ignore[arg-type]
+    assert "had no user stack" in watch.full(many)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("listen", ["nohost", "127.0.0.1:0", "127.0.0.1:70000", "1.2.3.4:x"])
@@ -258,6 +345,8 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
     try:
         port = prometheus_for(agent_port)
         lwlock = "sum(rate(pgprobe_lwlock_wait_seconds_total[8s]))"
+        waits = 'sum(rate(pgprobe_wait_seconds_total{state="active"}[8s]))'
+        oncpu = 'rate(pgprobe_oncpu_seconds_total{backend_type="client backend"}[8s])'
         slru = 'rate(pgprobe_slru_reads_total{slru="pg_xact"}[8s])'
 
         def positive(query: str) -> Any:
@@ -266,8 +355,11 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
 
         before = wait_for("LWLock wait rate", lambda: positive(lwlock), 40)
         slru_before = wait_for("pg_xact read rate", lambda: positive(slru), 20)
-        waits = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
-        print(f"before the restart: lwlock {before}, pg_xact {slru_before}")
+        waits_before = wait_for("wait event time rate", lambda: positive(waits), 20)
+        cpu_before = wait_for("on-CPU time rate", lambda: positive(oncpu), 20)
+        counted = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
+        print(f"before the restart: lwlock {before}, pg_xact {slru_before}, "
+              f"waits {waits_before}, on CPU {cpu_before}")  # fmt: skip
         # Every query of contrib/'s Grafana dashboard parses, and finds its series.
         for expr in dashboard_queries():
             assert prometheus_query(port, expr), expr
@@ -293,13 +385,16 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
         )
         after = values(prometheus_query(port, lwlock))
         slru_after = wait_for("pg_xact read rate after the restart", lambda: positive(slru), 20)
-        print(f"after the restart: lwlock {after}, pg_xact {slru_after}")
+        waits_after = wait_for("wait event time rate after the restart",
+                               lambda: positive(waits), 20)  # fmt: skip
+        print(f"after the restart: lwlock {after}, pg_xact {slru_after}, waits {waits_after}")
         # The same series, still counting (counters never went back: no reset in between).
         now = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
-        assert set(waits) <= set(now)
-        assert all(now[k] >= v for k, v in waits.items())
-        resets = values(prometheus_query(port, "sum(resets(pgprobe_lwlock_waits_total[5m]))"))
-        assert list(resets.values()) == [0.0]
+        assert set(counted) <= set(now)
+        assert all(now[k] >= v for k, v in counted.items())
+        for counter in ("pgprobe_lwlock_waits_total", "pgprobe_wait_seconds_total"):
+            resets = values(prometheus_query(port, f"sum(resets({counter}[5m]))"))
+            assert list(resets.values()) == [0.0], counter
         assert values(prometheus_query(port, "pgprobe_capture_lost_events_total")) is not None
     finally:
         reader.stop()
@@ -343,12 +438,12 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
 ) -> None:
     port = free_port()
     agent = start_agent(cluster, port, "--window", "1")
-    up = [f'pgprobe_capture_up{{source="{s}"}}' for s in ("lwlock", "slru", "cpu")]
+    up = [f'pgprobe_capture_up{{source="{s}"}}' for s in ("lwlock", "slru", "cpu", "waits")]
     try:
         wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
         running = tracers(agent.pid)
-        assert set(running) == {"lwlock_wait", "clog_reads", "profile"}, running
-        os.kill(running["clog_reads"], signal.SIGKILL)
+        assert set(running) == {"lwlock_wait", "clog_reads_uprobe", "profile", "waits"}, running
+        os.kill(running["clog_reads_uprobe"], signal.SIGKILL)
         restarted = 'pgprobe_capture_restarts_total{source="slru"}'
         wait_for(
             "the SLRU tracer started again",
@@ -356,7 +451,7 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
             60,
         )
         again = tracers(agent.pid)
-        assert again["clog_reads"] != running["clog_reads"]
+        assert again["clog_reads_uprobe"] != running["clog_reads_uprobe"]
         assert again["profile"] == running["profile"]  # the others ran on
         assert scrape(port)['pgprobe_capture_restarts_total{source="cpu"}'] == 0
         # The last window's CPU profile is pprof.
@@ -393,7 +488,8 @@ def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
         # short check connection may be gone before a scan of /proc sees it: "unknown").
         unknown = 'pgprobe_cpu_samples_total{backend_type="unknown"}'
         before_bench = scrape(port)
-        bench = cluster.pgbench("-c", "4", "-T", "4")
+        # Longer than the agent's look at /proc every 5 s (CHILD_SCAN_S): one falls within.
+        bench = cluster.pgbench("-c", "4", "-T", "7")
         assert bench.wait(timeout=60) == 0
         time.sleep(2.5)
         after_bench = scrape(port)
@@ -401,5 +497,69 @@ def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
         unnamed = after_bench.get(unknown, 0) - before_bench.get(unknown, 0)
         print(f"pgbench: {named:.0f} samples of client backends, {unnamed:.0f} unknown")
         assert named > 20 and unnamed <= 0.1 * named
+        # A fresh stack map refuses next to nothing (a process on its way out has no stack).
+        stackless = after_bench["pgprobe_cpu_samples_without_stack_total"]
+        every = sum(v for k, v in after_bench.items() if k.startswith("pgprobe_cpu_samples_tot"))
+        assert 0 <= stackless <= 0.1 * every
+    finally:
+        stop_agent(agent)
+
+
+def time_model_key(name: str, wait_event: str = "") -> str:
+    if name == "wait":
+        return ('pgprobe_wait_seconds_total{backend_type="client backend",state="active",'
+                f'wait_event="{wait_event}",wait_event_type="Timeout"}}')  # fmt: skip
+    return f'pgprobe_{name}_seconds_total{{backend_type="client backend"}}'
+
+
+@pytest.mark.integration
+def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
+    cluster: PgCluster,
+    backend: tuple[psycopg.Connection[Any], int],  # noqa: F811
+) -> None:
+    """Slept seconds and sleeps (pg_sleep), run time (/proc/PID/schedstat), over windows.
+
+    The sleeps span window ends (their open part is added at each one). waits.bt's
+    maps are cumulative in interval mode and a window is the difference of two prints:
+    what is charged between a window end and bpftrace's asynchronous print of the maps
+    lands in one window or the next, never in none, so the sums over windows are exact.
+    """
+    conn, pid = backend
+    port = free_port()
+    window = 2
+    agent = start_agent(cluster, port, "--window", str(window))
+    slept = time_model_key("wait", "PgSleep")
+    sleeps = slept.replace("pgprobe_wait_seconds_total", "pgprobe_wait_sleeps_total")
+    oncpu = time_model_key("oncpu")
+    ended = 'pgprobe_capture_last_window_end_timestamp_seconds{source="waits"}'
+    try:
+        wait_for("the time model", lambda: scrape(port).get(ended, 0) > 0, 60)
+        time.sleep(window + 0.5)
+        start = scrape(port)
+        last = start[ended]
+        while scrape(port)[ended] == last:  # a window just ended
+            time.sleep(0.05)
+        time.sleep(window / 4)
+        cpu_before = cpu_seconds(pid)
+        for seconds in (1.5 * window, window / 2):  # end 3/4 and 1/4 into later windows
+            conn.execute("SELECT pg_sleep(%s)", (seconds,))
+        expected = 2 * window
+        run_query(cluster, conn, pid, 1.0)  # idle before and after: the other backends too
+        cpu_s = cpu_seconds(pid) - cpu_before
+        done = time.time()
+        windows = 'pgprobe_capture_windows_total{source="waits"}'
+        folded = scrape(port)[windows]
+        # The window holding the query's end has ended and is folded in: on a loaded machine
+        # the agent may fold a window seconds after bpftrace printed it.
+        wait_for("the last window", lambda: (m := scrape(port))[ended] > done + window
+                 and m[windows] >= folded + 2, 60)  # fmt: skip
+        end = scrape(port)
+        got_sleep = end[slept] - start.get(slept, 0.0)
+        got_cpu = end[oncpu] - start.get(oncpu, 0.0)
+        print(f"pg_sleep {expected} s: {got_sleep:.4f} s in {end[sleeps] - start.get(sleeps, 0)} "
+              f"sleeps; schedstat {cpu_s:.4f} s: {got_cpu:.4f} s")  # fmt: skip
+        assert abs(got_sleep - expected) <= 0.02 * expected, got_sleep
+        assert end[sleeps] - start.get(sleeps, 0.0) == 2
+        assert abs(got_cpu - cpu_s) <= 0.02 * cpu_s, (got_cpu, cpu_s)
     finally:
         stop_agent(agent)

@@ -266,8 +266,12 @@ def test_stripped_static_function_is_not_mislabelled(build: Build, start: Start)
     assert "install its debug symbols" in warnings[0] and build_id(exe) in warnings[0]
 
 
-@pytest.mark.parametrize("where", ["same-dir", "dot-debug", "debug-root", "build-id"])
-def test_stripped_with_debug_file(build: Build, start: Start, where: str) -> None:
+@pytest.mark.parametrize(
+    "where", ["same-dir", "dot-debug", "debug-root", "build-id", "debuginfod-cache"]
+)
+def test_stripped_with_debug_file(
+    build: Build, start: Start, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exe = variant(build, f"debug-{where}")
     root = build.dir / f"root-{where}"
     root.mkdir(exist_ok=True)
@@ -279,6 +283,11 @@ def test_stripped_with_debug_file(build: Build, start: Start, where: str) -> Non
         target = root / ".build-id" / bid[:2] / f"{bid[2:]}.debug"
         target.parent.mkdir(parents=True)
         debug.rename(target)
+    elif where == "debuginfod-cache":  # what `debuginfod-find debuginfo BUILD-ID` leaves
+        target = root / "cache" / build_id(exe) / "debuginfo"
+        target.parent.mkdir(parents=True)
+        debug.rename(target)
+        monkeypatch.setenv("DEBUGINFOD_CACHE_PATH", str(root / "cache"))
     else:
         _run("objcopy", f"--add-gnu-debuglink={debug}", exe)
         if where == "dot-debug":

@@ -94,3 +94,21 @@ def test_auto_leaves_the_c_runtime_out(tmp_path: Path) -> None:
         assert not choose.C_RUNTIME.match(name), name
     assert choose.choose("fp", "/nonexistent", 1)[0] == "fp"
     assert choose.choose("dwarf", "/nonexistent", 1)[0] == "dwarf"
+
+
+def test_a_system_wide_capture_keeps_the_roots_and_what_they_forked() -> None:
+    from pgprobe.unwind.perfdata import RECORD_EXIT, RECORD_FORK, _lives
+
+    # postmaster 100 forks 101 (a backend) at t=10 and 102 at 20, which forks 103 at 30;
+    # 200 is another cluster's postmaster with its backend 201; 300 forked by 1 (a shell).
+    # 101 exits at 40, and at 50 the shell gets pid 101 again: not the cluster's.
+    fork, end = RECORD_FORK, RECORD_EXIT
+    events = [(10, fork, 101, 100), (20, fork, 102, 100), (30, fork, 103, 102),
+              (5, fork, 201, 200), (7, fork, 300, 1), (40, end, 101, 100),
+              (50, fork, 101, 1)]  # fmt: skip
+    lives = _lives(frozenset({100}), events)
+    assert set(lives) == {100, 101, 102, 103}
+    assert lives[101] == [(10, 40)] and lives[103] == [(30, 1 << 64)]
+    assert lives[100] == [(-1, 1 << 64)]
+    assert set(_lives(frozenset({101}), events)) == {101}
+    assert set(_lives(frozenset({100, 200}), events)) == {100, 101, 102, 103, 200, 201}

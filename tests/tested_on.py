@@ -30,7 +30,16 @@ import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- tested-on:begin -->", "<!-- tested-on:end -->"
-TOOLS = ("doctor", "lwlocks", "waits", "clog-reads", "flame", "hot", "triage")
+TOOLS = (
+    "doctor",
+    "lwlocks",
+    "waits",
+    "clog-reads",
+    "flame",
+    "flame --unwind dwarf",
+    "hot",
+    "triage",
+)
 
 _cells: dict[str, dict[str, str]] = defaultdict(dict)
 _seconds: dict[str, float] = defaultdict(float)

@@ -118,12 +118,16 @@ class MapSpec:
     count/sum/stats/hist, "max" or "min" for max()/min()). bpftrace keeps
     distinct keys whose printed text is the same (two stack ids of identical
     frames, strings with different bytes after their end): one aggregation
-    may print one key twice.
+    may print one key twice. "last": a state map that the script deletes
+    from while bpftrace prints it; the kernel restarts bpftrace's walk of the
+    keys when the key it stands on is deleted, so the same key is printed
+    again, read a moment later. The value printed last is kept (bpftrace
+    sorts what it prints, so it may be either read: both are of this print).
     """
 
     name: str
     key: tuple[KeyKind, ...]
-    combine: Literal["sum", "max", "min"] = "sum"
+    combine: Literal["sum", "max", "min", "last"] = "sum"
 
 
 @dataclass

@@ -1,9 +1,18 @@
 """The bpftrace engine: run bpf/<tool>.bt with -f json and turn its output into records.
 
+Long (~410 lines) because one idea spans it: bpftrace's JSON output, from the live
+marker to the answer probe's end marker, parsed into the maps every tool reads.
+
 Only validated values reach bpftrace: integers, and paths pgprobe resolved itself,
 passed as positional parameters ($1, $2, ...). Scripts are never edited or
 spliced. The capture ends at the end of the duration or on Ctrl-C / SIGTERM:
 bpftrace gets SIGINT, prints its maps, and those are still reported.
+
+A script with an answer probe (ANSWER_PROBE below) ends faster: pgprobe sends
+bpftrace SIGURG, which bpftrace ignores but the script's probe on the kill
+system call sees: it stops counting there, prints its result maps and
+"@@answer"; pgprobe then sends SIGINT and goes on while bpftrace ends
+(runner.Answer), instead of waiting for it to detach every probe before END.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +44,7 @@ from pgprobe.engines.base import (
     Stats,
     TickCallback,
 )
-from pgprobe.engines.runner import TracerProcess
+from pgprobe.engines.runner import Answer, TracerProcess
 from pgprobe.errors import EXIT_ENV, EXIT_INTERRUPTED, EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.scripts import script_path
 from pgprobe.stacks import parse_bpftrace_stack
@@ -134,10 +144,16 @@ class BpftraceCapture:
         self.script = script_path("bpf", script)
         self.specs = {f"@{s.name}": s for s in specs}
         self.on_tick = on_tick
-        self.info = RunInfo(engine="bpftrace", engine_version=bpftrace_version(bpftrace))
+        self.info = RunInfo(engine="bpftrace")
+        # `bpftrace --version` takes 0.2-0.4 s of wall clock (LLVM's libraries load): it
+        # runs beside the capture, and the version is filled in when the capture ends.
+        self._version = threading.Thread(target=bpftrace_version, args=(bpftrace,), daemon=True)
+        self._bpftrace = bpftrace
         # A script that prints LIVE_MARKER from BEGIN (after every probe is attached)
         # is live from then on; bpftrace's own attached_probes comes before it attaches.
-        self.live_marker = LIVE_MARKER_PRINTF in self.script.read_text()
+        text = self.script.read_text()
+        self.live_marker = LIVE_MARKER_PRINTF in text
+        answers = ANSWER_MARKER_PRINTF in text and ANSWER_PROBE in text
         self.process = TracerProcess(
             "bpftrace",
             [bpftrace, "-f", "json", "-k", str(self.script), *validate_args(args)],
@@ -146,6 +162,7 @@ class BpftraceCapture:
             self.info,
             benign_stderr=BENIGN_STDERR,
             ends_output=_ends_output,
+            answer=Answer(signal.SIGURG, _is_answer_marker) if answers else None,
         )
 
     def request_stop(self) -> None:
@@ -155,7 +172,12 @@ class BpftraceCapture:
         self.info.warnings.extend(ensure_tracefs())
         self.process.on_tick = self.on_tick
         parser = _OutputParser(self.specs, self.info, self.live_marker)
-        yield from self.process.run(parser.feed)
+        self._version.start()
+        try:
+            yield from self.process.run(parser.feed)
+        finally:
+            self._version.join()
+            self.info.engine_version = bpftrace_version(self._bpftrace)
         yield from parser.finish()
         self._check_exit(self.process.returncode or 0, self.process.stderr)
 
@@ -188,6 +210,17 @@ _LOST = re.compile(r"Lost (\d+) events")
 # The line a script prints from BEGIN: every probe is attached and counting.
 LIVE_MARKER = "@@live"
 LIVE_MARKER_PRINTF = f'printf("{LIVE_MARKER}\\n")'
+# A script's answer probe: on SIGURG sent to bpftrace (which ignores that signal; @self
+# is bpftrace's pid, set in BEGIN), it stops counting, prints its result maps after a
+# time() line, then this marker. Its first line, as every script that has one writes it:
+ANSWER_PROBE = "tracepoint:syscalls:sys_enter_kill\n/args->pid == @self && args->sig == 23/"
+ANSWER_MARKER = "@@answer"
+ANSWER_MARKER_PRINTF = f'printf("{ANSWER_MARKER}\\n")'
+_ANSWER_LINE = json.dumps({"type": "printf", "data": ANSWER_MARKER + "\n"}).encode()
+
+
+def _is_answer_marker(raw: bytes) -> bool:
+    return raw.strip() == _ANSWER_LINE
 
 
 def explain(stderr_lines: list[str]) -> str:
@@ -259,7 +292,7 @@ class _OutputParser:
         for line in complete:
             if line == LIVE_MARKER:
                 self.info.probes_attached = self.attached or 1
-            else:
+            elif line != ANSWER_MARKER:
                 yield Line(line)
 
     def _add_maps(self, kind: str, data: dict[str, Any]) -> None:
@@ -311,6 +344,8 @@ def parse_map(
 
 def combine_values(a: AggValue, b: AggValue, combine: str) -> AggValue:
     """Two values of one aggregation that belong to the same printed key."""
+    if combine == "last":
+        return b
     if isinstance(a, Stats) and isinstance(b, Stats):
         return Stats(a.count + b.count, a.total + b.total)
     if isinstance(a, Log2Hist) and isinstance(b, Log2Hist):

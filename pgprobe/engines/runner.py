@@ -1,16 +1,31 @@
 """Running a tracer process: what bpftrace and dtrace captures share.
 
+Long (~500 lines) because the tracer's life is one state machine: start, attach,
+window, the answer probe's ending with its SIGINT fallback and its end in the
+background (which a long-running agent waits for before it exits), priority, and
+stop; splitting it would spread one sequence of signals over files.
+
 Start the tracer in its own session (so a terminal's Ctrl-C reaches pgprobe
 only), read its stdout line by line without blocking, start the duration when
 the parser says the probes are attached, and stop it with SIGINT — at the end
 of the duration, on Ctrl-C / SIGTERM, or on request from another thread — so
 that it prints its aggregations, which are still parsed and reported.
+
+A script that can answer while its probes are still attached (an ``Answer``:
+bpftrace scripts with an answer probe) is stopped by the answer's signal
+instead: the script stops counting at that kill system call, prints its maps
+and a marker line, and the tracer is then sent SIGINT and left to end in the
+background: pgprobe does not wait for it to detach its probes (bpftrace 0.17
+detaches them one by one before END, a uprobe in 80-150 ms here, and then
+waits 100 ms more for output that never comes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -18,16 +33,37 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from pgprobe import timings
 from pgprobe.engines.base import Event, RunInfo, TickCallback
 from pgprobe.errors import EXIT_TRACER, PgprobeError
 
 STARTUP_TIMEOUT_S = 60.0
 STOP_RESEND_S = 1.0  # seconds between repeated SIGINTs
 STOP_KILL_S = 20.0  # then the tracer is killed and its maps are lost
+TICK_S = 0.2  # the longest wait for the tracer's output between ticks
+ANSWER_TIMEOUT_S = 3.0  # no answer marker by then: SIGINT, the ordinary end
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a tracer answers while its probes are attached (see the module's docstring).
+
+    signal: what pgprobe sends at the end of the window (one the tracer ignores:
+    the script's probe on the kill system call is what acts on it); complete: the
+    stdout line that shows the whole answer has been printed.
+    """
+
+    signal: int
+    complete: Callable[[bytes], bool]
+
+
+def _since(t: float) -> float:
+    return time.monotonic() - t
 
 
 class TracerProcess:
@@ -44,6 +80,7 @@ class TracerProcess:
         resend_sigint: bool = True,
         kill_after_s: float = STOP_KILL_S,
         ends_output: Callable[[bytes], bool] | None = None,
+        answer: Answer | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -56,6 +93,8 @@ class TracerProcess:
         # A stdout line that shows the tracer is printing its final output after SIGINT.
         self.ends_output = ends_output or (lambda raw: bool(raw.strip()))
         self._ending = False
+        self.answer = answer
+        self._answered = False  # the answer is complete: the tracer ends in the background
         self.on_tick: TickCallback | None = None
         # A script that stops counting when pgprobe signals it (clog_reads.bt watches
         # pgprobe's kill): the window ends at the first SIGINT, not at END's first line
@@ -101,7 +140,9 @@ class TracerProcess:
             preexec_fn=_stop_with_parent,
         )
         assert child.stdout is not None and child.stderr is not None
+        timings.mark(f"{self.name}-spawned")
         self.pid, self._child = child.pid, child
+        set_priority(child.pid, TRACER_NICE)  # its threads got it at the fork
         reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
         reader.start()
         feed = _recording(feed, self.name, child.pid)
@@ -109,12 +150,22 @@ class TracerProcess:
             try:
                 yield from self._pump(child, feed, signals, started)
             finally:
-                if child.poll() is None:
-                    child.kill()
-                child.wait()
-                reader.join(timeout=2)
-        self.returncode = child.returncode
-        self._say_how_it_ended(child.returncode, time.monotonic())
+                if self._answered and child.poll() is None:
+                    # The answer is complete: the tracer detaches its probes (a uprobe in
+                    # 80-150 ms) after pgprobe has moved on. What it wrote on stderr before
+                    # the answer has been read by then.
+                    _finish_in_background(child)
+                    reader.join(timeout=0.01)
+                else:
+                    if child.poll() is None:
+                        child.kill()
+                    child.wait()
+                    reader.join(timeout=2)
+        # Answered: stopped after printing everything, as asked (its exit is not awaited).
+        code = 0 if self._answered else child.returncode
+        self.returncode = code
+        timings.mark(f"{self.name}-answered" if self._answered else f"{self.name}-exited")
+        self._say_how_it_ended(code, time.monotonic())
 
     def _say_how_it_ended(self, returncode: int, now: float) -> None:
         """A tracer that ended by itself, or not by our SIGINT, is a fact to report."""
@@ -152,17 +203,23 @@ class TracerProcess:
         pending = b""
         attached_at: float | None = None
         signalled_at: float | None = None
+        wait = TICK_S
         while True:
-            if selector.select(timeout=0.2):
+            if selector.select(timeout=wait):
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     break
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for raw in lines:
+                    if signalled_at is not None and self._waits_for_answer(raw):
+                        yield from feed(raw)
+                        self._answered = True
+                        return
                     if signalled_at is not None and not self._ending:
                         self._ending = self.ends_output(raw)
-                        if self._ending and attached_at is not None and not self.stops_on_signal:
+                        closed = self.stops_on_signal or self.answer is not None
+                        if self._ending and attached_at is not None and not closed:
                             # END's first output: the probes have stopped counting.
                             self.info.stopped_counting = True
                             self.info.duration_seconds = time.monotonic() - attached_at
@@ -171,6 +228,8 @@ class TracerProcess:
             if attached_at is None and self.info.probes_attached:
                 attached_at = self._attached_at = now
                 self.info.attach_seconds = now - started
+                timings.mark(f"{self.name}-attached")
+                set_priority(child.pid, 0)  # the capture itself runs as anything else
             if attached_at is not None and signalled_at is None:
                 self.info.duration_seconds = now - attached_at
             remaining = None
@@ -182,9 +241,19 @@ class TracerProcess:
                 self.info.missed_runs = bpf_recursion_misses(child.pid)
                 if self.before_signal is not None:
                     self.before_signal()
-                child.send_signal(signal.SIGINT)
+                if attached_at is None:
+                    self.answer = None  # never attached: the ordinary end
+                answering = self.answer is not None
+                child.send_signal(self.answer.signal if self.answer else signal.SIGINT)
+                # Its answer (or END) comes sooner. After the signal: raised, the tracer
+                # may take this CPU at once, and the signal that closes the window (right
+                # after before_signal's SQL read) would wait its turn (+9-16 % of reads in
+                # test_one_window under a saturating load).
+                set_priority(child.pid, TRACER_NICE)
+                timings.mark(f"{self.name}-signalled")
                 signalled_at = self._signalled_at = now
-                if self.stops_on_signal and attached_at is not None:
+                # The answer's probe stops the counting at that kill system call.
+                if (self.stops_on_signal or answering) and attached_at is not None:
                     self.info.stopped_counting = True
                     self.info.duration_seconds = time.monotonic() - attached_at
             elif signalled_at is not None:
@@ -197,8 +266,14 @@ class TracerProcess:
                 )
             if self.on_tick is not None:
                 self.on_tick(self.info, remaining)
+            # Wake at the end of the duration, not up to a tick after it.
+            wait = TICK_S if not remaining else min(TICK_S, max(0.001, remaining - _since(now)))
         if pending.strip():
             yield from feed(pending)
+
+    def _waits_for_answer(self, raw: bytes) -> bool:
+        """True when raw is the answer's last line (the tracer then ends in the background)."""
+        return self.answer is not None and self.answer.complete(raw)
 
     def _insist(self, child: subprocess.Popen[bytes], waited: float) -> None:
         """Repeat SIGINT until the tracer exits (if asked), and kill it if it never does.
@@ -209,6 +284,14 @@ class TracerProcess:
         DTrace must get one only: a second SIGINT makes it quit without its END output.
         """
         if child.poll() is not None:
+            return
+        if self.answer is not None:
+            if waited > ANSWER_TIMEOUT_S:
+                # No answer (its probe did not run): the ordinary end. The script stopped
+                # counting at the answer's signal all the same, so END prints the same maps.
+                self.answer = None
+                self._resends = int(waited / STOP_RESEND_S)
+                child.send_signal(signal.SIGINT)
             return
         if waited > self.kill_after_s:
             child.kill()
@@ -228,6 +311,53 @@ class TracerProcess:
             line = raw.decode(errors="replace").rstrip()
             if line and not any(b in line for b in self.benign_stderr):
                 self.stderr.append(line)
+
+
+def _finish_in_background(child: subprocess.Popen[bytes]) -> None:
+    """SIGINT a tracer whose answer is complete and let it end while pgprobe goes on.
+
+    Not SIGKILL: a tracer killed mid-way leaves behind the probes it created through
+    tracefs (bcc falls back to uprobe_events when the perf uprobe PMU refuses a site, e.g.
+    a site taken by another uprobe), which would stay registered. Its later output is
+    read and dropped (a full pipe would stall its exit); SIGINT is repeated as the
+    runner does; it is killed after STOP_KILL_S. If pgprobe exits first, the tracer gets
+    SIGTERM (PR_SET_PDEATHSIG), which bpftrace handles as SIGINT.
+    """
+    child.send_signal(signal.SIGINT)
+
+    def finish() -> None:
+        assert child.stdout is not None
+        fd = child.stdout.fileno()
+        started = time.monotonic()
+        resends = 0
+        while child.poll() is None:
+            waited = time.monotonic() - started
+            if waited > STOP_KILL_S:
+                child.kill()
+                break
+            if select.select([fd], [], [], TICK_S)[0]:
+                if not os.read(fd, 1 << 16):
+                    break  # EOF: it is exiting
+            elif waited > STOP_RESEND_S * (resends + 1):
+                resends += 1
+                child.send_signal(signal.SIGINT)
+        child.wait()
+        _finishing.discard(threading.current_thread())
+
+    thread = threading.Thread(target=finish, daemon=True, name="tracer-finish")
+    _finishing.add(thread)
+    thread.start()
+
+
+# Tracers ending in the background (their answers given). A one-shot command leaves
+# them to PR_SET_PDEATHSIG; a long-running agent waits for them before it exits.
+_finishing: set[threading.Thread] = set()
+
+
+def wait_for_finishing_tracers() -> None:
+    """Return when every tracer left to end in the background has exited (or been killed)."""
+    for thread in list(_finishing):
+        thread.join(timeout=STOP_KILL_S + 5)
 
 
 def bpf_recursion_misses(pid: int) -> int:
@@ -254,6 +384,45 @@ def bpf_recursion_misses(pid: int) -> int:
     return total
 
 
+# The tracer's priority while it starts (compiles and attaches its probes) and while it
+# answers; 0 during the capture itself. On a saturated 2-CPU server its start waited
+# 2.0-2.3 s in the run queue for 0.25 s of CPU; at -10, 0.1 s (docs/benchmarks.md). The
+# tracer runs in a session of its own, hence an autogroup of its own where the kernel
+# has them (sched_autogroup_enabled): there the group's nice is what counts, and a
+# thread's nice only orders the threads of the group. Both are set. 0: leave it alone.
+DEFAULT_TRACER_NICE = -10
+
+
+def _tracer_nice(text: str | None) -> int:
+    """$PGPROBE_TRACER_NICE: -20..19; unset or not a number: the default."""
+    try:
+        return max(-20, min(19, int(text))) if text else DEFAULT_TRACER_NICE
+    except ValueError:
+        return DEFAULT_TRACER_NICE
+
+
+TRACER_NICE = _tracer_nice(os.environ.get("PGPROBE_TRACER_NICE"))
+
+
+def set_priority(pid: int, nice: int) -> None:
+    """nice for every thread of pid and for its autogroup (its own session's).
+
+    Without /proc/PID/task (not Linux), setpriority of the pid, which there is the
+    whole process. Nothing is said when it fails: the capture is the same, only slower.
+    """
+    if not TRACER_NICE:
+        return
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as f:
+        f.write(str(nice))
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
 # prctl is looked up here, in the parent: the child, between fork and exec, must not
 # import or take locks (another thread of ours may have held them at the fork).
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
@@ -268,6 +437,9 @@ def _stop_with_parent() -> None:
     """
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if TRACER_NICE:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, TRACER_NICE)
 
 
 def _recording(

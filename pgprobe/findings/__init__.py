@@ -1,8 +1,9 @@
 """Findings: the rules that turn a triage document into plain advice a DBA can act on.
 
 Input is the document `pgprobe triage --json` prints (see the README of `pgprobe triage`):
-``meta``, ``lwlocks``, ``clog_reads``, ``hot``, ``flame``, ``activity`` and ``stats``, any of
-which may be null when that part could not run (``meta.warnings`` then says why).
+``meta``, ``waits`` (the time model; absent from documents older than it), ``lwlocks``,
+``clog_reads``, ``hot``, ``flame``, ``activity`` and ``stats``, any of which may be null when
+that part could not run (``meta.warnings`` then says why).
 
 Where things are
 ----------------
@@ -10,9 +11,11 @@ Where things are
 - ``document``: reading the document (missing keys and null sections are "no data"), the
   section names and titles, ``section_reason``;
 - ``fmt``: numbers in the words of a finding (one style for all rules);
+- ``timemodel``: the client backends' exact time model, read from ``doc["waits"]``;
 - one module per area, each holding its rules, their thresholds (named constants with the
   reason for the value) and their advice: ``locks`` (LWLock tranches), ``slru`` (SLRU reads),
-  ``cpu`` (on-CPU samples), ``waits`` (pg_stat_activity wait events), ``server_stats``
+  ``cpu`` (on-CPU samples), ``waits`` (wait events: exact time from the time model, else
+  pg_stat_activity samples), ``server_stats``
   (pg_stat_database, bgwriter/checkpointer, WAL, statements, connections), ``capture``
   (what the evidence is worth).
 
@@ -33,8 +36,8 @@ API
     ``severity`` is one of ``SEVERITIES`` ("high", "medium", "low", "info"); ``title`` is the
     one-line diagnosis, ``evidence`` the numbers behind it, ``next_step`` what to check or
     change. ``magnitude`` orders findings of equal severity (a percent-like size of the
-    problem); ``section`` names the report section holding the data ("lwlocks", "slru",
-    "waits", "cpu", "sql", "capture"). ``as_json()`` gives the dict stored in
+    problem); ``section`` names the report section holding the data ("timemodel",
+    "lwlocks", "slru", "waits", "cpu", "sql", "capture"). ``as_json()`` gives the dict stored in
     ``doc["findings"]``.
 
 ``findings(doc) -> list[Finding]``
@@ -72,6 +75,7 @@ from pgprobe.findings.document import (
     section,
     section_reason,
     section_rows,
+    sections_of,
     stats_view,
 )
 
@@ -90,6 +94,7 @@ __all__ = [
     "render_text",
     "rule",
     "section_reason",
+    "sections_of",
 ]
 
 

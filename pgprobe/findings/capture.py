@@ -10,13 +10,13 @@ from pgprobe.findings.base import Doc, Finding, rule
 from pgprobe.findings.cpu import CpuProfile, cpu_profile
 from pgprobe.findings.document import (
     SECTION_TITLES,
-    SECTIONS,
     as_number,
     doc_meta,
     duration_s,
     major_version,
     section,
     section_reason,
+    sections_of,
 )
 
 # A flame graph with a fifth of its frames unnamed hides where the time goes.
@@ -26,7 +26,7 @@ UNRESOLVED_PCT = 20.0
 @rule
 def capture_sections(doc: Doc) -> list[Finding]:
     out = []
-    for name in SECTIONS:
+    for name in sections_of(doc):
         reason = section_reason(doc, name)
         if doc.get(name) is None and name == "lwlocks" and "USDT" in reason:
             out.append(
@@ -157,6 +157,9 @@ def capture_unresolved(doc: Doc) -> list[Finding]:
                 section="capture",
             )
         ]
+    stripped = hot_meta.get("stripped_frames_pct")
+    if isinstance(stripped, dict) and stripped:
+        return [_stripped_finding(doc, pct, profile, stripped, hot_meta.get("debug_packages"))]
     major = major_version(doc)
     pkgs = (
         f"postgresql-{major}-dbgsym (Debian/Ubuntu, from the debug archive) or "
@@ -178,3 +181,30 @@ def capture_unresolved(doc: Doc) -> list[Finding]:
             section="capture",
         )
     ]
+
+
+def _stripped_finding(
+    doc: Doc, pct: float, profile: CpuProfile, stripped: dict[str, object], packages: object
+) -> Finding:
+    """Unnamed frames that are static functions of stripped files, per file, and the packages."""
+    shares = {str(m): as_number(v) for m, v in stripped.items()}
+    share = sum(shares.values())
+    parts = ", ".join(f"{m} {fmt.pct(v)}" for m, v in shares.items())
+    names = [str(p) for p in packages] if isinstance(packages, list) else []
+    fix = (
+        f"install {', '.join(names)} (Debian/Ubuntu: from the debug archive, debian-debug)"
+        if names
+        else "install the debug symbols of those files (their -dbgsym or -debuginfo packages)"
+    )
+    return Finding(
+        id="capture.unresolved",
+        severity="low",
+        title=f"{fmt.pct(share)} of stack frames are static functions of stripped files "
+        f"({parts}): install their debug symbols",
+        evidence=f"meta.unresolved_pct {fmt.n(pct)} over {fmt.n(profile.samples)} CPU samples; "
+        f"server binary {doc_meta(doc).get('server_binary', '?')}",
+        next_step=f"{fix} and capture again: the flame graph and the top functions then name "
+        "those functions",
+        magnitude=share,
+        section="capture",
+    )

@@ -13,7 +13,10 @@ from typing import Any
 from pgprobe.findings.base import Doc
 
 SECTIONS = ("lwlocks", "clog_reads", "hot", "flame", "activity", "stats")
+# The time model came later: a document without the key predates it (nothing is missing).
+LATER_SECTIONS = ("waits",)
 SECTION_TITLES = {
+    "waits": "time model (exact)",
     "lwlocks": "LWLock waits",
     "clog_reads": "SLRU reads",
     "hot": "top functions (CPU)",
@@ -23,6 +26,7 @@ SECTION_TITLES = {
 }
 # What a warning about a section is likely to say (warnings are free text): whole words.
 _SECTION_WORDS = {
+    "waits": re.compile(r"^waits\b|\btime model\b|\bmy_wait_event_info\b", re.I),
     "lwlocks": re.compile(r"\b(lwlocks?|lwlock__wait\w*|usdt)\b", re.I),
     "clog_reads": re.compile(r"\b(clog[_-]reads?|clog|slru|pg_xact)\b", re.I),
     "hot": re.compile(r"\b(hot|profile|profiling|cpu sampl\w*|perf_event\w*)\b", re.I),
@@ -34,6 +38,11 @@ _SECTION_WORDS = {
         re.I,
     ),
 }
+
+
+def sections_of(doc: Doc) -> tuple[str, ...]:
+    """The sections `doc` should have: SECTIONS, and the later ones its triage knew of."""
+    return tuple(n for n in LATER_SECTIONS if n in doc) + SECTIONS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -121,8 +121,9 @@ def slru_reads(doc: Doc) -> list[Finding]:
         agg = probe.setdefault(key, {"reads": 0.0, "pids": set(), "max_us": 0.0, "files": set()})
         agg["reads"] += as_number(r.get("reads"))
         agg["pids"].add(r.get("pid"))
-        agg["files"].add(r.get("file"))
-        agg["max_us"] = max(agg["max_us"], as_number(r.get("max_us")))
+        if r.get("file"):  # rows of clog-reads' syscall source; its uprobe has no files
+            agg["files"].add(r.get("file"))
+            agg["max_us"] = max(agg["max_us"], as_number(r.get("max_us")))
     stats = _slru_stats(doc)
     clog_s = duration_s(doc, "clog_reads")
     stats_s = duration_s(doc)
@@ -154,11 +155,14 @@ def slru_reads(doc: Doc) -> list[Finding]:
             pids = len(got["pids"])
             who = f"{pids} backend" + ("s" if pids != 1 else "")
             title = f"{slru} reads: {fmt.n(rate)}/s from {who}"
-            evidence.append(
-                f"{fmt.n(got['reads'])} reads of {len(got['files'])} segment file"
-                + ("s" if len(got["files"]) != 1 else "")
-                + f" in {fmt.secs(clog_s)} (probe), slowest {fmt.n(got['max_us'])} us"
-            )
+            if got["files"]:
+                evidence.append(
+                    f"{fmt.n(got['reads'])} reads of {len(got['files'])} segment file"
+                    + ("s" if len(got["files"]) != 1 else "")
+                    + f" in {fmt.secs(clog_s)} (probe), slowest {fmt.n(got['max_us'])} us"
+                )
+            else:
+                evidence.append(f"{fmt.n(got['reads'])} reads in {fmt.secs(clog_s)} (probe)")
         else:
             title = f"{slru} reads: {fmt.n(rate)}/s (pg_stat_slru)"
         if st:

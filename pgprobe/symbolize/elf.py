@@ -81,6 +81,22 @@ def _file_crc(path: str) -> int:
     return crc
 
 
+def debuginfod_cached(build_id: str) -> list[str]:
+    """Where debuginfod clients keep a file's debug info once fetched: read, never fetched.
+
+    ``debuginfod-find debuginfo BUILD-ID`` (or gdb, or perf with DEBUGINFOD_URLS set)
+    stores it in $DEBUGINFOD_CACHE_PATH, else $XDG_CACHE_HOME/debuginfod_client, else
+    ~/.cache/debuginfod_client (also the sudo caller's, as pgprobe runs as root).
+    """
+    roots = [os.environ.get("DEBUGINFOD_CACHE_PATH", "")]
+    if os.environ.get("XDG_CACHE_HOME"):
+        roots.append(os.path.join(os.environ["XDG_CACHE_HOME"], "debuginfod_client"))
+    roots.append(os.path.expanduser("~/.cache/debuginfod_client"))
+    if os.environ.get("SUDO_USER"):
+        roots.append(os.path.expanduser(f"~{os.environ['SUDO_USER']}/.cache/debuginfod_client"))
+    return [os.path.join(r, build_id, "debuginfo") for r in roots if r]
+
+
 class ElfImage:
     """The symbols and load segments of one ELF file."""
 
@@ -113,11 +129,12 @@ class ElfImage:
 
     def _find_debug_file(self, elf: ELFFile, debug_root: str) -> str | None:
         if self.build_id and len(self.build_id) > 2:
-            cand = os.path.join(
+            by_id = os.path.join(
                 debug_root, ".build-id", self.build_id[:2], self.build_id[2:] + ".debug"
             )
-            if os.path.isfile(cand) and self._build_id_of(cand) == self.build_id:
-                return cand
+            for cand in (by_id, *debuginfod_cached(self.build_id)):
+                if os.path.isfile(cand) and self._build_id_of(cand) == self.build_id:
+                    return cand
         link = _debuglink(elf)
         if link is None:
             return None

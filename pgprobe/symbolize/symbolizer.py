@@ -49,6 +49,7 @@ class _ProcMaps:
 
 
 _UNKNOWN_FRAME = Frame(UNKNOWN, UNKNOWN, False)
+MAX_PARSED_MAPS = 256  # distinct maps texts kept parsed
 
 
 class Symbolizer:
@@ -77,6 +78,9 @@ class Symbolizer:
         self._kernel_cache: dict[int, Frame] = {}
         self._stats = SymbolStats()
         self._perf_maps = PerfMaps()
+        # maps text -> its mappings: forked backends mostly have the same maps (1,000 idle
+        # backends: 17 distinct texts), parsed once. Bounded for a long-running agent.
+        self._parsed: dict[str, list[Mapping]] = {}
 
     # -- snapshots ---------------------------------------------------------
 
@@ -88,7 +92,7 @@ class Symbolizer:
         except OSError:
             self._stats.unreadable_pids.add(pid)
             return False
-        mappings = parse_maps(text)
+        mappings = self._parse(text)
         if not mappings:
             self._stats.unreadable_pids.add(pid)
             return False
@@ -104,9 +108,17 @@ class Symbolizer:
         # A deleted or replaced file can only be read through this process,
         # now, while it is alive: load those images at once.
         for m in mappings:
-            if m.kind == "file" and "x" in m.perms and m.deleted:
+            if m.deleted and m.kind == "file" and "x" in m.perms:
                 self._image(m, pid)
         return True
+
+    def _parse(self, text: str) -> list[Mapping]:
+        mappings = self._parsed.get(text)
+        if mappings is None:
+            if len(self._parsed) >= MAX_PARSED_MAPS:
+                self._parsed.clear()
+            mappings = self._parsed[text] = parse_maps(text)
+        return mappings
 
     def set_fallback(self, pid: int) -> bool:
         """Use pid's maps (the postmaster's) for pids with no snapshot of their own."""

@@ -8,43 +8,69 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pgprobe import discover, engines
+from pgprobe import discover, engines, timings
 from pgprobe.discover import Targets
 from pgprobe.engines import bpftrace
 from pgprobe.engines.base import Capture, Line, MapSpec, RunInfo, Snapshot
-from pgprobe.errors import EXIT_TRACER, PgprobeError
+from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
 
 MAX_DURATION_S = 24 * 3600
+N = TypeVar("N", int, float)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0: {text}")
+def bounded(
+    kind: Callable[[str], N],
+    low: N,
+    high: N | None = None,
+    *,
+    unit: str = "",
+    low_open: bool = False,
+) -> Callable[[str], N]:
+    """An argparse type: a number (int or float) from low to high, saying what it must be.
+
+    low_open: low itself is refused ("greater than 0"). The messages name the unit:
+    "not a number of seconds: 'x'", "must be between 1 and 999 Hz: 1000".
+    """
+    noun = "whole number" if kind is int else "number"
+    of_unit = f" of {unit}" if unit else ""
+    in_unit = f" {unit}" if unit else ""
+    lo, hi = _plain(low), _plain(high)
+    if high is None:
+        rule = f"greater than {lo}" if low_open else f"{lo} or more"
+    elif low_open:
+        rule = f"more than {lo} and at most {hi}{in_unit}"
+    else:
+        rule = f"between {lo} and {hi}{in_unit}"
+
+    def value(text: str) -> N:
+        try:
+            number = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {noun}{of_unit}: {text!r}") from None
+        # Written as "within" so that a float NaN (never within) is refused too.
+        above_low = low < number if low_open else low <= number
+        if not (above_low and (high is None or number <= high)):
+            raise argparse.ArgumentTypeError(f"must be {rule}: {text}")
+        return number
+
     return value
+
+
+def _plain(number: float | None) -> str:
+    """86400.0 as 86400: a bound said as the user would type it."""
+    return str(int(number)) if isinstance(number, float) and number.is_integer() else str(number)
+
+
+positive_int = bounded(int, 0, low_open=True)
+duration_value = bounded(float, 0.0, float(MAX_DURATION_S), unit="seconds", low_open=True)
 
 
 def pid_value(text: str) -> int:
     value = positive_int(text)
     if value > 2**22:  # PID_MAX_LIMIT on 64-bit Linux
         raise argparse.ArgumentTypeError(f"not a valid pid: {text}")
-    return value
-
-
-def duration_value(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= MAX_DURATION_S:
-        raise argparse.ArgumentTypeError(
-            f"must be more than 0 and at most {MAX_DURATION_S} seconds: {text}"
-        )
     return value
 
 
@@ -101,6 +127,15 @@ def add_tracing_arguments(parser: argparse.ArgumentParser, default_duration: flo
     add_capture_arguments(parser, default_duration)
 
 
+def check_interval(ns: argparse.Namespace) -> None:
+    """--interval N must fit in the duration (a capture prints a table every N seconds)."""
+    if ns.interval and ns.interval > ns.duration:
+        raise PgprobeError(
+            f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
+            EXIT_USAGE,
+        )
+
+
 def conn_options(ns: argparse.Namespace) -> discover.ConnOptions:
     return discover.ConnOptions(host=ns.host, port=ns.port, user=ns.username, dbname=ns.dbname)
 
@@ -118,8 +153,11 @@ def filters(ns: argparse.Namespace) -> discover.Filters:
 def prepare(ns: argparse.Namespace, check_server: Callable[[Targets], None]) -> Targets:
     """Everything that must hold before tracing, cheapest and most telling first."""
     engines.preflight(getattr(ns, "engine", "auto"))
+    timings.mark("preflight")
     targets = discover.discover(conn_options(ns), filters(ns))
+    timings.mark("discovery")
     check_server(targets)
+    timings.mark("server-checks")
     return targets
 
 

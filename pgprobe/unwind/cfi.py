@@ -38,6 +38,10 @@ class Rule:
     ra_offset: int | None  # return address at CFA + ra_offset; None: outermost frame
     saved: tuple[tuple[int, int], ...]  # (register, offset from CFA) of saved registers
     cfa_expression: bytes = b""
+    # (register, DWARF expression of its slot's address, CFA pushed first): DW_CFA_expression,
+    # as in a signal frame (glibc's __restore_rt reads every register from the ucontext);
+    # the return address may be one of them (then ra_offset is None but the frame is not last)
+    expressions: tuple[tuple[int, bytes], ...] = ()
 
 
 class CfiError(ValueError):
@@ -102,7 +106,8 @@ class _State:
         self.cfa_reg = RSP
         self.cfa_offset = 8
         self.cfa_expression = b""
-        self.regs: dict[int, int | None] = {}  # reg -> offset from CFA; None: undefined
+        # reg -> offset from CFA; bytes: expression of its slot's address; None: undefined
+        self.regs: dict[int, int | bytes | None] = {}
 
     def copy(self) -> _State:
         other = _State()
@@ -198,11 +203,11 @@ def _run(
             size, pos = uleb(code, pos)
             state.cfa_reg, state.cfa_expression = -1, code[pos : pos + size]
             pos += size
-        elif op in (0x10, 0x16):  # expression, val_expression: a register we can't place
+        elif op in (0x10, 0x16):  # expression (slot address); val_expression: can't place
             reg, pos = uleb(code, pos)
             size, pos = uleb(code, pos)
+            state.regs[reg] = code[pos : pos + size] if op == 0x10 else None
             pos += size
-            state.regs[reg] = None
         elif op == 0x2E:  # GNU_args_size
             _, pos = uleb(code, pos)
         elif op == 0x2F:  # GNU_negative_offset_extended
@@ -261,9 +266,17 @@ def rule_at(index: EhFrameIndex, vaddr: int, lookup: int | None = None) -> Rule 
         raise CfiError(f"truncated CFI: {exc}") from None
     ra = state.regs.get(cie.ra_reg)
     saved = tuple(
-        sorted((r, o) for r, o in state.regs.items() if o is not None and r != cie.ra_reg)
+        sorted((r, o) for r, o in state.regs.items() if isinstance(o, int) and r != cie.ra_reg)
     )
-    return Rule(state.cfa_reg, state.cfa_offset, ra, saved, state.cfa_expression)
+    expressions = tuple(sorted((r, o) for r, o in state.regs.items() if isinstance(o, bytes)))
+    return Rule(
+        state.cfa_reg,
+        state.cfa_offset,
+        ra if isinstance(ra, int) else None,
+        saved,
+        state.cfa_expression,
+        expressions,
+    )
 
 
 _BINARY: dict[int, Callable[[int, int], int]] = {
@@ -284,13 +297,20 @@ _BINARY: dict[int, Callable[[int, int], int]] = {
 }
 
 
-def eval_expression(expr: bytes, regs: dict[int, int]) -> int | None:
+def eval_expression(
+    expr: bytes,
+    regs: dict[int, int],
+    read: Callable[[int], int | None] | None = None,
+    push: tuple[int, ...] = (),
+) -> int | None:
     """A DWARF expression of registers, constants and arithmetic (None: unsupported).
 
     Enough for the CFA expressions compilers and linkers emit (PLT stubs:
-    rsp + 8 + ((rip & 15) >= 11) << 3); memory reads are not supported.
+    rsp + 8 + ((rip & 15) >= 11) << 3) and for signal frames (DW_OP_deref of
+    a slot of the copied stack, through read); push: the initial stack (the CFA,
+    for a DW_CFA_expression register rule).
     """
-    stack: list[int] = []
+    stack: list[int] = list(push)
     pos = 0
     try:
         while pos < len(expr):
@@ -307,6 +327,11 @@ def eval_expression(expr: bytes, regs: dict[int, int]) -> int | None:
             elif op == 0x08:  # const1u
                 stack.append(expr[pos])
                 pos += 1
+            elif op == 0x06:  # deref: a word of the copied stack
+                value = read(stack.pop()) if read is not None else None
+                if value is None:
+                    return None
+                stack.append(value)
             elif op == 0x23:  # plus_uconst
                 off, pos = uleb(expr, pos)
                 stack.append(stack.pop() + off)

@@ -19,7 +19,9 @@ a prologue's ``push %rbp`` puts it). Frames found so are counted
 (``frames_by_scan``): a heuristic, as in perf's and gdb's fallbacks.
 
 Mappings and ELF images come from the Symbolizer's /proc snapshots, so
-backends that exited during the capture unwind like the others.
+backends that exited during the capture unwind like the others; a pid whose
+walk meets an address outside its snapshot has its maps read again, once
+(code mapped after the snapshot: the first JIT compile of a backend).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Unwinder:
     def __init__(self, symbolizer: Symbolizer) -> None:
         self.symbolizer = symbolizer
         self._rules: dict[tuple[int, int, bool], Rule | None | str] = {}
+        self._refreshed: set[int] = set()  # pids whose maps were read again for a miss
         self.frames_by_cfi = 0
         self.frames_by_fp = 0
         self.frames_by_scan = 0
@@ -54,6 +57,12 @@ class Unwinder:
     def _rule(self, pid: int, pc: int, first: bool) -> tuple[Rule | None | str, str]:
         """(rule, module): the CFI rule at pc; None: no CFI there; str: why it failed."""
         m, img, vaddr = self.symbolizer.code_at(pid, pc)
+        if m is None and pid not in self._refreshed:
+            # Mapped after the capture's snapshot (a backend's first JIT compile loads
+            # llvmjit.so and libLLVM, then maps the code): read its maps again, once.
+            self._refreshed.add(pid)
+            if self.symbolizer.snapshot(pid):
+                m, img, vaddr = self.symbolizer.code_at(pid, pc)
         if m is None:
             return "address outside every mapping", ""
         if img is None:
@@ -91,18 +100,26 @@ class Unwinder:
             new: dict[int, int] = {r: regs[r] for r in CALLEE_SAVED if r in regs}
             if rule is not None:
                 if rule.cfa_reg < 0:
-                    cfa = eval_expression(rule.cfa_expression, {**regs, RIP: pc})
+                    cfa = eval_expression(rule.cfa_expression, {**regs, RIP: pc}, read)
                 else:
                     reg = regs.get(rule.cfa_reg)
                     cfa = None if reg is None else reg + rule.cfa_offset
                 if cfa is None:
                     return Walk(tuple(out), f"lost a register in {module}")
-                if rule.ra_offset is None:
+                by_expression = dict(rule.expressions)
+                if rule.ra_offset is None and RIP not in by_expression:
                     return Walk(tuple(out), "")  # the outermost frame: whole stack
-                ra = read(cfa + rule.ra_offset)
+                ra = read(cfa + rule.ra_offset) if rule.ra_offset is not None else None
                 for r, off in rule.saved:
                     value = read(cfa + off)
                     if value is not None:
+                        new[r] = value
+                for r, expr in by_expression.items():  # a signal frame: from the ucontext
+                    slot = eval_expression(expr, {**regs, RIP: pc}, read, (cfa,))
+                    value = read(slot) if slot is not None else None
+                    if r == RIP:
+                        ra = value
+                    elif value is not None:
                         new[r] = value
                 self.frames_by_cfi += 1
             else:

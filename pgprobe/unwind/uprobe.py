@@ -26,17 +26,26 @@ from pgprobe.symbolize import Symbolizer
 from pgprobe.unwind.capture import PerfCapture
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# One fetched argument of perf probe: name=%register:type ("slru_index=%di:s32").
+_FETCH = re.compile(r"^[a-z_]+=%[a-z0-9]+:[su](8|16|32|64)$")
 
 
 @contextlib.contextmanager
-def perf_uprobe(perf: str, binary: str, function: str) -> Iterator[str]:
-    """A uprobe event on function in binary for the duration of the block: its name."""
+def perf_uprobe(perf: str, binary: str, function: str, fetch: str = "") -> Iterator[str]:
+    """A uprobe event on function in binary for the duration of the block: its name.
+
+    fetch: an argument the event records, for perf record's --filter (clog-reads
+    keeps the SLRUs asked for: "slru_index=%di:s32").
+    """
     if not _IDENT.match(function):
         raise PgprobeError(f"not a function name: {function!r}", EXIT_USAGE)
+    if fetch and not _FETCH.match(fetch):
+        raise PgprobeError(f"not a perf probe argument: {fetch!r}", EXIT_USAGE)
     group = f"pgprobe_{os.getpid()}"
     event = f"{group}:{function[:60]}"
+    spec = f"{event}={function}" + (f" {fetch}" if fetch else "")
     done = subprocess.run(
-        [perf, "probe", "-q", "-x", binary, "-a", f"{event}={function}"],
+        [perf, "probe", "-q", "-x", binary, "-a", spec],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     if done.returncode != 0:

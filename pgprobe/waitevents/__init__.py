@@ -26,6 +26,9 @@ OWN_NAMES = {
     BEFORE_CAPTURE: ("", "(asleep since before capture)"),
 }
 MAJORS = (14, 15, 16, 17, 18)
+# Client:ClientRead, which bpf/waits.bt charges with the backend's state (idle, idle in
+# transaction, ...) in these bits: pgprobe.waitevents.backend_state.
+CLIENT_READ, CLIENT_STATE_BITS = 0x06000000, 0x00FF0000
 TABLES = Path(__file__).resolve().parent
 
 
@@ -45,6 +48,8 @@ def name(major: int, wait_event_info: int) -> tuple[str, str]:
     """(wait_event_type, wait_event) for a raw wait_event_info of PostgreSQL `major`."""
     if wait_event_info in OWN_NAMES:
         return OWN_NAMES[wait_event_info]
+    if wait_event_info & ~CLIENT_STATE_BITS == CLIENT_READ:
+        wait_event_info = CLIENT_READ  # with the backend's state (backend_state.py)
     data = table(major)
     known = data["events"].get(str(wait_event_info))
     if known:

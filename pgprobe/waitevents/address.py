@@ -16,9 +16,9 @@ from pathlib import Path
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
 
 from pgprobe.errors import EXIT_ENV, PgprobeError
+from pgprobe.symbolize.dynsym import defined_symbol
 
 SYMBOL = "my_wait_event_info"
 MIN_MAJOR = 14  # the symbol exists from 14 on
@@ -38,18 +38,10 @@ class WaitEventAddress:
 def symbol_value(binary: str, name: str = SYMBOL) -> int | None:
     """st_value of a defined object symbol in .dynsym (else .symtab), None when absent."""
     try:
-        with open(binary, "rb") as stream:
-            elf = ELFFile(stream)
-            for section_name in (".dynsym", ".symtab"):
-                section = elf.get_section_by_name(section_name)
-                if not isinstance(section, SymbolTableSection):
-                    continue
-                for sym in section.get_symbol_by_name(name) or []:
-                    if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
-                        return int(sym["st_value"])
+        value = defined_symbol(binary, name, (".dynsym", ".symtab"))
     except (OSError, ELFError) as exc:
         raise PgprobeError(f"cannot read the server binary {binary}: {exc}", EXIT_ENV) from None
-    return None
+    return value or None
 
 
 def first_load_vaddr(binary: str) -> tuple[bool, int]:

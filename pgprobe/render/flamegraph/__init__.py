@@ -29,7 +29,7 @@ API
     itself (the fast path: nothing is parsed twice).
 
 ``render_svg(stacks, *, title="Flame Graph", subtitle="", width=1200, minwidth=0.1,
-module_of=None, unit="samples", strip_offsets=True) -> str``
+module_of=None, unit="samples", strip_offsets=True, module_colours=None) -> str``
     ``stacks`` is any of: a ``FoldedProfile``, folded text (``str``), an iterable of folded lines, a
     ``pathlib.Path`` of a folded file, a mapping ``{tuple_of_frames | "a;b;c": count}`` (what
     ``parse_folded`` returns), or an iterable of ``(tuple_of_frames | "a;b;c", count)`` pairs.
@@ -38,7 +38,8 @@ module_of=None, unit="samples", strip_offsets=True) -> str``
     are not drawn but their samples stay in their parents' totals. ``module_of(frame) -> str``
     replaces the built-in classifier (``classify_frame``); names it returns other than the
     built-in ones (``MODULE_LABELS``) get palettes of their own and appear in the legend
-    as they are. ``unit`` is the word used in tooltips ("samples", "us", ...).
+    as they are; ``module_colours`` gives some of them a fixed ``#rrggbb`` (frames and
+    legend). ``unit`` is the word used in tooltips ("samples", "us", ...).
 
 ``render_speedscope(profiles, *, name="pgprobe", hz=None, strip_offsets=True) -> str``
     ``profiles`` maps a profile name (e.g. ``"pid 4242"``) to anything ``render_svg`` takes.

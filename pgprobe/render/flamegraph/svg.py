@@ -74,8 +74,14 @@ def render_svg(
     module_of: Callable[[str], str] | None = None,
     unit: str = "samples",
     strip_offsets: bool = True,
+    module_colours: Mapping[str, str] | None = None,
 ) -> str:
-    """Render folded stacks as one self-contained interactive SVG document."""
+    """Render folded stacks as one self-contained interactive SVG document.
+
+    module_colours: a fixed ``#rrggbb`` for some of module_of's modules (every frame
+    of the module and its legend swatch), instead of a palette shade per name.
+    """
+    fixed = module_colours or {}
     folded = fold(stacks, strip_offsets)
     keys = sorted(folded)
     cum = [0, *accumulate(map(folded.__getitem__, keys))]
@@ -153,7 +159,7 @@ def render_svg(
                 else:
                     mod = classify(name)
                     modules_seen[mod] = None
-                    fill = frame_color(name, mod)
+                    fill = fixed.get(mod) or frame_color(name, mod)
                 ent = cache[name] = (_esc(name), fill)
             lab = label(name, w)
             ap(
@@ -183,7 +189,7 @@ def render_svg(
         text = MODULE_LABELS.get(mod, mod)
         ap(
             f'<rect x="{lx:.1f}" y="{legend_y - 10}" width="12" height="12" '
-            f'fill="{legend_color(mod)}" stroke="#666" stroke-width=".5"/>'
+            f'fill="{fixed.get(mod) or legend_color(mod)}" stroke="#666" stroke-width=".5"/>'
             f'<text x="{lx + 17:.1f}" y="{legend_y}">{_esc(text)}</text>\n'
         )
         lx += 17 + len(text) * 6.6 + 24

@@ -15,13 +15,15 @@ API
 ``timeline_svg(activity) -> str`` (the wait-event chart) and ``esc(value) -> str`` (the
 escaping of every value) are public for tests and other renderers.
 
-Sections, in order: the capture facts (header), the findings (severity-coloured, with
-evidence and next step), the flame graph, the LWLock table, the SLRU tables (reads per
-backend and segment file from the probe, and the pg_stat_slru deltas), the wait events (a
-stacked bar chart of active backends per pg_stat_activity sample, drawn as inline SVG, and
-the wait profile table), the top functions, the SQL statistics deltas (database,
-bgwriter/checkpointer, WAL, statements), and the capture details and warnings. A section
-whose data is null says ``unavailable: <reason>``, the reason taken from ``meta.warnings``.
+Sections, in order: the capture facts (header), the findings (severity-coloured, with evidence
+and next step), the time model (the client backends' exact active time per wait event with a bar
+each and pg_stat_activity's sampled share beside it, idle time apart, the whole cluster's model
+folded; ``timemodel``), the flame graph, the LWLock table, the SLRU tables (reads per backend
+and segment file from the probe, and the pg_stat_slru deltas), the wait events (a stacked bar
+chart of active backends per pg_stat_activity sample, drawn as inline SVG, and the wait profile
+table), the top functions, the SQL statistics deltas (database, bgwriter/checkpointer, WAL,
+statements), and the capture details and warnings. A section whose data is null says
+``unavailable: <reason>``, the reason taken from ``meta.warnings``.
 
 Where things are: ``sections`` and ``sql`` shape each section's data (numbers written out,
 rows as ``cells.Table``); ``timeline`` computes the chart's geometry; ``templating`` holds
@@ -53,6 +55,7 @@ from pgprobe.render.report import sections
 from pgprobe.render.report.sql import sql
 from pgprobe.render.report.templating import Markup, asset, esc, render
 from pgprobe.render.report.timeline import timeline_svg
+from pgprobe.render.report.timemodel import time_model_section
 
 __all__ = ["CSP", "esc", "render_html", "timeline_svg"]
 
@@ -63,6 +66,7 @@ CSP = (
 )
 NAV = [
     ("findings", "Findings"),
+    ("timemodel", "Time model"),
     ("flame", "Flame graph"),
     ("lwlocks", "LWLocks"),
     ("slru", "SLRU reads"),
@@ -86,6 +90,7 @@ def render_html(doc: Mapping[str, Any], flame_svg: str | None) -> str:
         nav=NAV,
         header=sections.header(doc),
         findings=sections.findings_section(doc),
+        timemodel=time_model_section(doc),
         flame=sections.flame(doc, flame_svg),
         lwlocks=sections.lwlocks(doc),
         slru=sections.slru(doc),

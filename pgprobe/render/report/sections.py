@@ -20,6 +20,7 @@ from pgprobe.render.report.timeline import timeline_svg
 
 SEVERITY_LABELS = {"high": "High", "medium": "Medium", "low": "Low", "info": "Info"}
 SECTION_LINKS = {
+    "timemodel": ("timemodel", "the time model"),
     "lwlocks": ("lwlocks", "the LWLock table"),
     "slru": ("slru", "the SLRU reads"),
     "waits": ("waits", "the wait events"),
@@ -198,18 +199,24 @@ def lwlocks(doc: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-SLRU_READ_COLS = [
+_BACKEND_COLS = [
     Col("pid", "PID", "id"),
     Col("backend_type", "Backend type"),
     Col("application_name", "Application"),
+]
+_READ_COUNT_COLS = [Col("reads", "Reads", "int"), Col("rate", "Reads/s", "rate")]
+SLRU_READ_COLS = [
+    *_BACKEND_COLS,
     Col("file", "File", "code"),
-    Col("reads", "Reads", "int"),
-    Col("rate", "Reads/s", "rate"),
+    *_READ_COUNT_COLS,
     Col("bytes", "Bytes", "bytes"),
     Col("avg_us", "Avg us", "dec"),
     Col("p99_us", "P99 us", "dec"),
     Col("max_us", "Max us", "dec"),
 ]
+# Counted by the uprobe (clog-reads' default source): no files, sizes or latencies, the
+# SLRU's directory instead of a file.
+SLRU_COUNT_COLS = [*_BACKEND_COLS, Col("directory", "SLRU directory", "code"), *_READ_COUNT_COLS]
 SLRU_STAT_COLS = [
     Col("slru", "SLRU", "code"),
     Col("name", "pg_stat_slru name"),
@@ -228,8 +235,16 @@ def slru(doc: Mapping[str, Any]) -> dict[str, Any]:
         rows = rows_of(sec)
         cdur = num(meta_of(sec).get("duration_s")) or duration
         reads = sum(num(r.get("reads")) for r in rows)
-        view = [{**r, "rate": num(r.get("reads")) / cdur if cdur else None} for r in rows]
+        view = [
+            {
+                **r,
+                "rate": num(r.get("reads")) / cdur if cdur else None,
+                "directory": f"{r.get('slru')}/",
+            }
+            for r in rows
+        ]
         view.sort(key=lambda r: -num(r.get("reads")))
+        timed = any("file" in r for r in rows)
         probe = {
             "unavailable": None,
             "reads": int_text(reads),
@@ -237,7 +252,7 @@ def slru(doc: Mapping[str, Any]) -> dict[str, Any]:
             "duration": f"{cdur:.1f}",
             "rate": f"{reads / cdur:,.1f}" if cdur else "",
             "table": table(
-                SLRU_READ_COLS,
+                SLRU_READ_COLS if timed else SLRU_COUNT_COLS,
                 view[:SLRU_ROWS_SHOWN],
                 empty="no SLRU page was read from disk in the window",
             ),
@@ -341,7 +356,7 @@ _META_SKIP = {"warnings", "slru_stats"}
 def capture(doc: Mapping[str, Any]) -> dict[str, Any]:
     meta = meta_of(doc)
     warnings = [str(w) for w in meta.get("warnings") or []]
-    for name in findings.SECTIONS:
+    for name in findings.sections_of(doc):
         for w in meta_of(section(doc, name)).get("warnings") or []:
             text = f"{name}: {w}"
             if str(w) not in warnings and text not in warnings:
@@ -356,7 +371,7 @@ def capture(doc: Mapping[str, Any]) -> dict[str, Any]:
         "warnings": warnings,
         "missing": [
             (findings.SECTION_TITLES[n], findings.section_reason(doc, n))
-            for n in findings.SECTIONS
+            for n in findings.sections_of(doc)
             if doc.get(n) is None
         ],
         "meta": kv((k, v) for k, v in meta.items() if k not in _META_SKIP),

@@ -1,8 +1,9 @@
 """What comes back from clog_reads: records per (pid, file), rows per group, trace lines. Pure.
 
-A record is what the kernel aggregated for one (pid, file as opened); a row is
-what is shown: the reads of one group of files, per (pid, file) for JSON, per
-(pid, SLRU) or per SLRU for the tables.
+A record is what the kernel aggregated for one (pid, file as opened) with the
+syscall source, or for one (pid, SLRU) with the uprobe source (``timed`` False:
+no file, bytes or latency); a row is what is shown: the reads of one group of
+files, per (pid, file) for JSON, per (pid, SLRU) or per SLRU for the tables.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pgprobe import histogram
 from pgprobe.discover import Backend
 from pgprobe.engines.base import Log2Hist, Snapshot, Stats
 from pgprobe.stacks import fold
-from pgprobe.tools.clog_reads.probe import MAPS
+from pgprobe.tools.clog_reads.probe import MAPS, UPROBE_MAPS
 
 
 def slru_of(file: str) -> str:
@@ -37,15 +38,21 @@ class ReadRecord:
     bytes: int
     max_ns: int
     hist: Log2Hist
+    timed: bool = True  # False: the uprobe source (file is the SLRU directory, no latency)
 
     @property
     def slru(self) -> str:
-        return slru_of(self.file)
+        return slru_of(self.file) if self.timed else self.file
 
 
 def records(snapshot: Snapshot) -> list[ReadRecord]:
-    stats, nbytes, maxes, hists = (snapshot.get(m.name) for m in MAPS[:4])
+    """The records of either source (the uprobe's "reads" keyed by (pid, directory))."""
     out = []
+    for key, value in snapshot.get(UPROBE_MAPS[0].name).items():
+        pid, slru = key
+        assert isinstance(pid, int) and isinstance(slru, str) and isinstance(value, int)
+        out.append(ReadRecord(pid, slru, value, 0, 0, 0, Log2Hist(()), timed=False))
+    stats, nbytes, maxes, hists = (snapshot.get(m.name) for m in MAPS[:4])
     for key, value in stats.items():
         assert isinstance(value, Stats)
         pid, file = key
@@ -92,6 +99,7 @@ class ReadRow:
     backend_type: str = ""
     application_name: str = ""
     pids: tuple[int, ...] = ()
+    timed: bool = True  # False: counted by the uprobe (no files, bytes, latency)
 
     @property
     def avg_us(self) -> float:
@@ -101,11 +109,16 @@ class ReadRow:
         return histogram.percentile(self.hist, fraction, self.max_ns) / 1000
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        who = {
             "pid": self.pid,
             "backend_type": self.backend_type,
             "application_name": self.application_name,
             "slru": self.slru,
+        }
+        if not self.timed:
+            return {**who, "reads": self.reads}
+        return {
+            **who,
             "file": self.files[0] if len(self.files) == 1 else ",".join(self.files),
             "reads": self.reads,
             "bytes": self.bytes,
@@ -120,9 +133,10 @@ class ReadRow:
 def _merge(
     recs: Sequence[ReadRecord], slru: str, pid: int | None, backend: Backend | None
 ) -> ReadRow:
+    timed = all(r.timed for r in recs)
     return ReadRow(
         slru=slru,
-        files=tuple(sorted({r.file for r in recs})),
+        files=tuple(sorted({r.file for r in recs})) if timed else (),
         reads=sum(r.reads for r in recs),
         total_ns=sum(r.total_ns for r in recs),
         bytes=sum(r.bytes for r in recs),
@@ -132,6 +146,7 @@ def _merge(
         backend_type=backend.backend_type if backend else "",
         application_name=backend.application_name if backend else "",
         pids=tuple(sorted({r.pid for r in recs})),
+        timed=timed,
     )
 
 

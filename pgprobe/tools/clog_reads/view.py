@@ -43,8 +43,9 @@ def print_tables(
         f"no reads of SLRU files in {meta['duration_s']:.1f} s "
         "(every lookup hit the SLRU buffers, or the targets did not look)"
     )
+    timed = meta.get("source") != "uprobe"
     per_pid = group_rows(recs, "pid", describe)
-    table.render(title, PID_COLUMNS, [pid_cells(r) for r in per_pid], empty=empty)
+    table.render(title, columns(PID_COLUMNS, timed), [pid_cells(r) for r in per_pid], empty=empty)
     totals = group_rows(recs, "slru")
     rows = totals_cells(totals, slru_delta, slrus)
     if not rows and slru_delta is None:
@@ -52,7 +53,7 @@ def print_tables(
     print()
     table.render(
         totals_title(targets, slru_delta, stats),
-        TOTAL_COLUMNS,
+        columns(TOTAL_COLUMNS, timed),
         rows,
         empty="no lookups of any SLRU in pg_stat_slru either",
     )
@@ -85,6 +86,14 @@ TOTAL_COLUMNS = [
     table.Column("blks_read", "BLKS_READ", numeric=True),
     table.Column("hit_pct", "HIT %", numeric=True),
 ]
+
+
+UNTIMED = {"bytes", "avg_us", "p99_us", "max_us", "files"}  # syscall source only
+
+
+def columns(all_columns: list[table.Column], timed: bool) -> list[table.Column]:
+    """The uprobe source counts reads only: no bytes, latency or files columns."""
+    return [c for c in all_columns if timed or c.key not in UNTIMED]
 
 
 def files_cell(files: Sequence[str]) -> str:
@@ -175,15 +184,19 @@ def agreement_note(
     )
 
 
-def print_stacks(stacks: Sequence[StackRow], reads: int) -> None:
+UNWOUND = {"fp": "walked by frame pointer", "dwarf": "unwound with DWARF from perf's copies"}
+
+
+def print_stacks(stacks: Sequence[StackRow], reads: int, unwind: str = "") -> None:
     shown = stacks[:STACKS_SHOWN]
     print()
     if not stacks:
         print("No read stacks (no reads)")
         return
+    how = f", {UNWOUND[unwind]}" if unwind in UNWOUND else ""
     print(
         f"Top reading code paths: {len(shown)} of {len(stacks)} distinct user stacks "
-        "(innermost frame first; --json has them all)"
+        f"(innermost frame first{how}; --json has them all)"
     )
     for row in shown:
         share = 100 * row.reads / reads if reads else 0.0
@@ -193,6 +206,22 @@ def print_stacks(stacks: Sequence[StackRow], reads: int) -> None:
         print(f"\n  {row.reads:,} reads ({share:.1f}%), pid {pids}")
         for name in row.frames:
             print(f"      {name}")
+
+
+def cost_line(fires: int, seconds: float, fire_ns: float, source: str, binary: str = "") -> str:
+    """One line on what the uprobe cost, when it is material (> 1 % of a CPU)."""
+    if source != "uprobe" or seconds <= 0:
+        return ""
+    cpu_share = fires * fire_ns / 1e9 / seconds
+    if cpu_share <= 0.01:
+        return ""
+    return (
+        f"pgprobe: note: the uprobe fired {fires:,} times in {seconds:.1f} s "
+        f"({fires / seconds:,.0f}/s), about {cpu_share:.0%} of a CPU at ~{fire_ns / 1000:.0f} us "
+        f"a fire, paid by the processes of {binary or 'the server binary'} that read SLRU "
+        "pages (other clusters' too, whatever --slru and --pid keep); where reads are this "
+        "frequent, --source syscalls costs less (~0.1 us per system call of any process)"
+    )
 
 
 def print_open_errors(errors: Sequence[OpenError]) -> None:

@@ -24,14 +24,7 @@ FORMATS = ("svg", "folded", "speedscope", "pprof")
 DEFAULT_MINWIDTH_PX = 0.1
 
 
-def minwidth_value(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of pixels: {text!r}") from None
-    if not 0 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 10000 pixels: {text}")
-    return value
+minwidth_value = common.bounded(float, 0.0, 10_000.0, unit="pixels")
 
 
 def add_parser(sub: Any) -> None:

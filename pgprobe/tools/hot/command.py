@@ -12,14 +12,7 @@ from pgprobe.tools.hot.view import show
 DEFAULT_TOP = 25
 
 
-def top_value(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (all) or more: {text}")
-    return value
+top_value = common.bounded(int, 0)  # 0: all rows
 
 
 def add_parser(sub: Any) -> None:

@@ -44,6 +44,7 @@ def name_stacks(
     stored = stackless = 0
     frames_named = {True: 0, False: 0}
     server_named = {True: 0, False: 0}
+    unnamed_in_file: dict[str, int] = {}  # module -> frames shown as module+0x...
     out: list[StackCount] = []
     truncated: dict[str, int] = {}
     lacks_fp = _module_lacks_fp(symbolizer)
@@ -73,12 +74,15 @@ def name_stacks(
             if truncation.is_truncation(f):
                 continue
             frames_named[f.resolved] += value
+            if not f.resolved and f.module and not f.module.startswith("["):
+                unnamed_in_file[f.module] = unnamed_in_file.get(f.module, 0) + value
             if f.module == module:
                 server_named[f.resolved] += value
         out.append(StackCount(pid, tuple(frames), value))
     taken = snapshot.get("samples").get((), 0)
     assert isinstance(taken, int)
-    server = symbolizer.stats.modules.get(module)
+    modules = symbolizer.stats.modules
+    server = modules.get(module)
     server_frames = server_named[True] + server_named[False]
     return Profile(
         targets=targets,
@@ -97,6 +101,12 @@ def name_stacks(
         server_symbols=server.symbols if server else "",
         backends=dict(backends or {}),
         truncated=truncated,
+        stripped_frames={
+            m: n
+            for m, n in unnamed_in_file.items()
+            if m in modules and modules[m].path and modules[m].symbols in ("dynsym", "none")
+        },  # fmt: skip
+        stripped_paths={m: modules[m].path for m in unnamed_in_file if m in modules},
     )
 
 

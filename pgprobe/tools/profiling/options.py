@@ -30,14 +30,7 @@ UNRESOLVED_WARN_PCT = 5.0
 SCAN_INTERVAL_S = 0.5
 
 
-def hz_value(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of Hz: {text!r}") from None
-    if not 1 <= value <= MAX_HZ:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_HZ} Hz: {text}")
-    return value
+hz_value = common.bounded(int, 1, MAX_HZ, unit="Hz")
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:

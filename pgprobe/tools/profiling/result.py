@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pgprobe.tools import common
 from pgprobe.tools.profiling.options import UNRESOLVED_WARN_PCT
 
 UNKNOWN_FRAME = Frame(UNKNOWN, UNKNOWN, False)  # the leaf of an empty stack
+STRIPPED_MIN_PCT = 1.0  # a stripped file with fewer of all frames is not worth a package
 
 
 # -- the result ----------------------------------------------------------------------------
@@ -58,6 +60,12 @@ class Profile:
     unwind_cpu_s: float = 0.0  # dwarf: CPU seconds to read and unwind the samples
     perf_stop_s: float = 0.0  # dwarf: wall seconds perf record took to stop
     perf_cpu_s: float = 0.0  # dwarf: CPU seconds of perf record
+    perf_data_bytes: int = 0  # dwarf: size of perf.data (every process's samples with -a)
+    perf_samples_recorded: int = 0  # dwarf: samples in perf.data, of every process
+    # Frames shown as module+0x... in files without .symtab or debug file, per module
+    # (static functions of stripped files: only their debug symbols name them), and paths.
+    stripped_frames: dict[str, int] = field(default_factory=dict)
+    stripped_paths: dict[str, str] = field(default_factory=dict)
 
     @property
     def truncated_samples(self) -> int:
@@ -81,6 +89,15 @@ class Profile:
     def unresolved_pct(self) -> float:
         total = self.resolved_frames + self.unresolved_frames
         return 100.0 * self.unresolved_frames / total if total else 0.0
+
+    def stripped_pct(self) -> dict[str, float]:
+        """{module: % of all frames that are its unnamed static functions}, largest first."""
+        total = self.resolved_frames + self.unresolved_frames
+        if not total:
+            return {}
+        ranked = sorted(self.stripped_frames.items(), key=lambda kv: -kv[1])
+        # Files with a handful of such frames (libLLVM during a JIT compile) are left out.
+        return {m: 100.0 * n / total for m, n in ranked if n >= STRIPPED_MIN_PCT / 100 * total}
 
     def describe(self, pid: int) -> Backend:
         """pg_stat_activity's row, else what /proc said while the capture ran."""
@@ -168,6 +185,10 @@ class Profile:
             unwind_cpu_s=round(self.unwind_cpu_s, 3) if self.unwind == "dwarf" else None,
             perf_stop_s=round(self.perf_stop_s, 3) if self.unwind == "dwarf" else None,
             perf_cpu_s=round(self.perf_cpu_s, 3) if self.unwind == "dwarf" else None,
+            perf_data_bytes=self.perf_data_bytes if self.unwind == "dwarf" else None,
+            perf_samples_recorded=self.perf_samples_recorded if self.unwind == "dwarf" else None,
+            stripped_frames_pct={m: round(v, 2) for m, v in self.stripped_pct().items()},
+            debug_packages=debug_packages(self),
         )
         data.update(extra)
         return data
@@ -175,7 +196,13 @@ class Profile:
     def warnings(self) -> list[str]:
         """Losses and missing symbols, one line each (without the 'pgprobe: ' prefix)."""
         out: list[str] = []
-        if self.lost_samples:
+        if self.lost_samples and self.unwind == "dwarf":
+            out.append(
+                f"perf lost {self.lost_samples:,} samples (its buffer was full), counted over "
+                f"every process it recorded: at most that many of the {self.samples:,} of the "
+                "targets; shorten the capture or lower -F"
+            )
+        elif self.lost_samples:
             out.append(
                 f"{self.lost_samples:,} of {self.samples_taken:,} samples lost "
                 "(the stack map was full): shorten the capture or lower -F"
@@ -188,7 +215,9 @@ class Profile:
             )
         if self.truncated_samples:
             out.append(truncation_warning(self))
-        if self.server_unresolved_pct >= UNRESOLVED_WARN_PCT:
+        if sum(self.stripped_pct().values()) >= UNRESOLVED_WARN_PCT:
+            out.append(stripped_warning(self))
+        elif self.server_unresolved_pct >= UNRESOLVED_WARN_PCT:
             out.append(unresolved_warning(self))
         return out
 
@@ -231,8 +260,39 @@ def unresolved_warning(profile: Profile) -> str:
     return f"{line}: {binary} is stripped and has no debug file; {fix}"
 
 
+def debug_packages(profile: Profile) -> list[str]:
+    """The dpkg debug-symbol packages (``-dbgsym``) that name the stripped files' frames."""
+    out: list[str] = []
+    for module in profile.stripped_pct():
+        package = owning_package(profile.stripped_paths.get(module, ""))
+        if package and f"{package}-dbgsym" not in out:
+            out.append(f"{package}-dbgsym")
+    return out
+
+
+def stripped_warning(profile: Profile) -> str:
+    """One line: the share of frames in static functions of stripped files, and the fix."""
+    shares = profile.stripped_pct()
+    parts = ", ".join(f"{m} {v:.0f} %" for m, v in shares.items())
+    packages = debug_packages(profile)
+    fix = (
+        f"install {', '.join(packages)} (Debian: from the debian-debug archive, "
+        "see https://wiki.debian.org/HowToGetABacktrace) to name them"
+        if packages
+        else "install their debug symbols (a .debug file under /usr/lib/debug/.build-id, "
+        "or in the debuginfod cache) to name them"
+    )
+    return (
+        f"{sum(shares.values()):.0f} % of frames are static functions of stripped files, "
+        f"shown as module+0x... ({parts}): {fix}"
+    )
+
+
+@functools.lru_cache(maxsize=64)  # dpkg -S takes ~0.1 s; meta and warnings ask twice
 def owning_package(path: str) -> str | None:
     """The dpkg package that installed path, e.g. 'postgresql-15' (None: not dpkg's)."""
+    if not path:
+        return None
     try:
         done = subprocess.run(
             ["dpkg", "-S", os.path.realpath(path)], capture_output=True, text=True, timeout=10

@@ -5,6 +5,7 @@ The tool shape of issue 12, for a tool that never ends:
 - ``probe.py``: the sources (the other tools' probe scripts run in rolling windows);
 - ``records.py``: the running totals the windows add up to (pure, bounded);
 - ``metrics.py``: how they are shown: Prometheus metric families (its "view");
+- ``timemodel.py``: one window of waits.bt as pgprobe waits' rows, per process, named;
 - ``agent.py``: the supervision (threads, restarts, the server going away);
 - ``http.py``: the endpoints; ``command.py``: the CLI glue.
 """

@@ -9,7 +9,9 @@ main thread supervises:
   discovery is retried with a growing pause (1 s to 10 s), the captures start
   again against the new postmaster; ``server_restarts`` counts it;
 - a tracer dies (its capture ends while nobody asked): its thread starts it again
-  after a pause (2 s to 30 s), ``restarts`` counts it, the line says why;
+  after a pause (2 s to 30 s), ``restarts`` counts it, the line says why; a tracer
+  whose kernel maps hold too much that no window needs is started again at once
+  (recycle.py: waits' running totals, the CPU tracer's stack map);
 - SIGTERM/SIGINT: ``stop()``; captures get SIGINT and their last partial window
   is still added.
 
@@ -35,8 +37,9 @@ from pgprobe.errors import PgprobeError
 from pgprobe.render import pprof
 from pgprobe.symbolize import Symbolizer
 from pgprobe.tools import common, pprof_export, profiling
-from pgprobe.tools.serve import probe, records
+from pgprobe.tools.serve import probe, records, recycle
 from pgprobe.tools.serve.records import Totals
+from pgprobe.tools.serve.timemodel import TimeModel
 
 RETRY_SERVER_S = (1.0, 10.0)
 RETRY_TRACER_S = (2.0, 30.0)
@@ -45,6 +48,8 @@ SYMBOLIZER_WINDOWS = 360
 CHILD_SCAN_S = 5.0
 SAID_MAX = 1000  # distinct messages remembered (said once each)
 LOST = re.compile(r"Lost (\d+) events")
+# bpftrace's lines for a stack the kernel refused (profiling's samples_without_stack)
+STACK_ID = re.compile(r"failed to look up stack id|bpf helper get_stackid failed")
 
 
 def say(message: str) -> None:
@@ -214,6 +219,10 @@ class Agent:
             self._captures.pop(source.name, None)
             if generation.is_set():
                 return
+            if why.startswith("recycled"):  # asked for: no pause, the gap is the start-up
+                say(f"{source.what} {why}; starting it again now (until its probes are "
+                    "attached, nothing is counted)")  # fmt: skip
+                continue
             say(f"{source.what} stopped ({why}); starting again in {pause:.0f} s")
             if generation.wait(pause):
                 return
@@ -225,6 +234,7 @@ class Agent:
         """One run of the source's script, until it ends; what it warned of."""
         capture = source.start(self.ns, targets, self.window)
         namer = CpuNamer(targets, self.ns.hz) if source.name == probe.CPU else None
+        model = TimeModel(targets) if source.name == probe.WAITS else None
         state = self.totals.source(source.name)
 
         def tick(info: RunInfo, remaining: float | None) -> None:
@@ -242,15 +252,24 @@ class Agent:
         if generation.is_set():
             return []
         seen_lost = seen_failed = 0
+        recycled: list[str] = []
+        stacks = recycle.StackMapWatch() if namer is not None else None
         last = time.monotonic()
         for event in capture.events():
             if not isinstance(event, Snapshot):
                 continue
+            lost = 0
             now = time.monotonic()
             info = capture.info
             profile = namer.name(event, info) if namer is not None else None
+            waits = model.rows(event) if model is not None else []
+            if model is not None:  # what waits.bt knows it missed (pgprobe waits warns of it)
+                lost = model.lost_events
             data = pprof.render(pprof_export.cpu_profile(profile, now - last)) if profile else b""
-            lost = self.drain_messages(source, capture)
+            if info.failed_map_updates > seen_failed:
+                full = "a BPF map is full (BPFTRACE_MAP_KEYS_MAX), updates refused"
+                self.say_once(f"{source.what}: {full}: pgprobe_capture_failed_map_updates_total")
+            lost += self.drain_messages(source, capture)
             with self.lock:
                 state.up = not event.final
                 state.windows += 1
@@ -258,15 +277,23 @@ class Agent:
                 state.last_window_end = time.time()
                 state.last_window_s = now - last
                 state.lost_events += info.lost_events - seen_lost
-                state.failed_map_updates += info.failed_map_updates - seen_failed
+                failed = info.failed_map_updates - seen_failed
+                state.failed_map_updates += failed
                 seen_lost, seen_failed = info.lost_events, info.failed_map_updates
                 self.fold(source.name, event, profile, targets)
+                records.add_time_model(self.totals, waits)
                 if data:
                     self.profile, self.profile_window_end = data, state.last_window_end
             last = now
+            full = recycle.waits_full(event) if model is not None else ""
+            if profile is not None and stacks is not None:
+                full = stacks.full(profile)
+            if full and not recycled:
+                recycled.append(f"recycled: {full}")
+                capture.request_stop()
         with self.lock:  # what the tracer said at its exit (bpftrace: "Lost N events")
             state.lost_events += capture.info.lost_events - seen_lost
-        return list(dict.fromkeys(capture.info.warnings))
+        return recycled + list(dict.fromkeys(capture.info.warnings))
 
     def drain_messages(self, source: probe.Source, capture: Capture) -> int:
         """Say the tracer's new messages once each and forget them; return the events lost.
@@ -282,10 +309,14 @@ class Agent:
             found = LOST.search(line)
             if found:
                 lost += int(found.group(1))
+            elif STACK_ID.search(line):
+                pass  # counted instead: pgprobe_cpu_samples_without_stack_total
             else:
                 self.say_once(f"{source.what}: {line}")
         while capture.info.warnings:
-            self.say_once(f"{source.what}: {capture.info.warnings.pop(0)}")
+            warning = capture.info.warnings.pop(0)
+            if not STACK_ID.search(warning):
+                self.say_once(f"{source.what}: {warning}")
         return lost
 
     def fold(
@@ -297,6 +328,7 @@ class Agent:
         elif name == probe.SLRU:
             records.add_slru(self.totals, snapshot, targets.cluster.own_pid or 0)
         elif name == probe.CPU and profile is not None:
+            self.totals.cpu_samples_without_stack += profile.samples_without_stack
             for s in profile.stacks:
                 kind = profile.describe(s.pid).backend_type or "unknown"
                 if s.pid == targets.cluster.postmaster_pid:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from pgprobe import engines
+from pgprobe.engines import runner
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common, profiling
 from pgprobe.tools.serve import http
@@ -20,6 +22,10 @@ DEFAULT_LISTEN = "127.0.0.1:9433"  # beside postgres_exporter's 9187; free in Pr
 DEFAULT_WINDOW_S = 10
 DEFAULT_HZ = 19  # low: about 2 % of the samples flame takes by default
 MAX_WINDOW_S = 3600
+# For the tracers (children inherit it): glibc gives freed heap back at once and keeps one
+# malloc arena. bpftrace frees most of what compiling the script took (LLVM, BTF) but
+# glibc kept it: 6-9 MiB less anonymous memory per tracer (docs/benchmarks.md, soak).
+TRACER_MALLOC = "glibc.malloc.trim_threshold=0:glibc.malloc.arena_max=1"
 
 
 def listen_value(text: str) -> tuple[str, int]:
@@ -30,19 +36,16 @@ def listen_value(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def window_value(text: str) -> int:
-    value = common.positive_int(text)
-    if value > MAX_WINDOW_S:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_WINDOW_S} seconds")
-    return value
+window_value = common.bounded(int, 1, MAX_WINDOW_S, unit="seconds")
 
 
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         NAME,
         help="agent: Prometheus /metrics and a pprof CPU profile of one cluster, continuously",
-        description="Keep low-cost captures running on one cluster in rolling windows (LWLock "
-        "waits, SLRU reads, CPU samples) and serve them: /metrics for Prometheus, "
+        description="Keep low-cost captures running on one cluster in rolling windows (the time "
+        "model of pgprobe waits, LWLock waits, SLRU reads, CPU samples) and serve them: "
+        "/metrics for Prometheus, "
         f"{http.PROFILE_PATH} (pprof) for Parca or Pyroscope. Stops on SIGTERM.",
     )
     common.add_connection_arguments(parser)
@@ -78,6 +81,7 @@ def add_parser(sub: Any) -> None:
 def run(ns: argparse.Namespace) -> int:
     ns.duration = None  # captures run until stopped
     engines.preflight(ns.engine)  # root, bpftrace: said in one line before anything starts
+    os.environ.setdefault("GLIBC_TUNABLES", TRACER_MALLOC)  # read by new processes only
     agent = Agent(ns)
     registry = CollectorRegistry(auto_describe=True)
 
@@ -108,5 +112,7 @@ def run(ns: argparse.Namespace) -> int:
     finally:
         server.shutdown()
         server.server_close()
+        # Every tracer gone when the agent is (a tracer may still be detaching its probes).
+        runner.wait_for_finishing_tracers()
     say("stopped")
     return 0

@@ -2,6 +2,22 @@
 
 Names and labels (stable; the README's Fleet section and contrib/'s dashboard use them):
 
+  pgprobe_wait_seconds_total{wait_event_type,wait_event,backend_type,state}
+                                                       time off CPU per wait event (the time
+                                                       model of pgprobe waits); state: active
+                                                       (waiting for a resource), idle (Activity,
+                                                       ClientRead: waiting for work) or unknown
+                                                       (asleep since before the capture); for
+                                                       ClientRead the backend's state as
+                                                       pg_stat_activity names it: idle, active,
+                                                       idle in transaction (aborted), unknown;
+                                                       backend_type "(exited)": came and went
+                                                       within a window, before it was named
+  pgprobe_wait_sleeps_total{same labels}               sleeps in that event that ended
+  pgprobe_oncpu_seconds_total{backend_type}            time on CPU
+  pgprobe_runqueue_seconds_total{backend_type}         runnable, waiting for a CPU
+  pgprobe_process_seconds_total{backend_type}          wall time of the processes modelled (on CPU
+                                                       + runqueue + waits + a rest near 0)
   pgprobe_lwlock_wait_seconds_total{tranche,mode}      time spent waiting for LWLocks
   pgprobe_lwlock_waits_total{tranche,mode}             LWLock waits
   pgprobe_lwlock_wait_duration_seconds{tranche}        histogram of single waits (log2 buckets)
@@ -10,6 +26,9 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_cpu_samples_total{backend_type}              on-CPU samples of the cluster's processes
                                                        ("unknown": came and went between two
                                                        looks at /proc, 5 s apart)
+  pgprobe_cpu_samples_without_stack_total              of those, samples without a user stack:
+                                                       the kernel's stack map refused it (full or
+                                                       a collision) or the task was exiting
   pgprobe_cpu_sampling_hz                              the sampling rate (samples / Hz = CPU s)
   pgprobe_capture_up{source}                           1 while the source's probes are attached
   pgprobe_capture_available{source}                    0 when this server cannot feed the source
@@ -22,7 +41,7 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_server_up, pgprobe_server_restarts_total     the PostgreSQL server, as the agent sees it
   pgprobe_window_seconds                               the configured window
 
-source is lwlock, slru or cpu (probe.SOURCES). prometheus_client's process_* metrics
+source is waits, lwlock, slru or cpu (probe.SOURCES). prometheus_client's process_* metrics
 (resident memory, CPU seconds of the agent itself, not of its tracers) come along.
 """
 
@@ -62,6 +81,7 @@ class TotalsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         totals, extra = self.snapshot()
+        yield from time_model_families(totals)
         yield from lwlock_families(totals)
         yield from slru_families(totals)
         yield from cpu_families(totals)
@@ -77,6 +97,29 @@ class TotalsCollector(Collector):
         yield GaugeMetricFamily(
             "pgprobe_window_seconds", "length of one capture window", value=extra.get("window", 0)
         )
+
+
+def time_model_families(totals: Totals) -> Iterator[Metric]:
+    labels = ["wait_event_type", "wait_event", "backend_type", "state"]
+    seconds = CounterMetricFamily(
+        "pgprobe_wait_seconds", "time off CPU per wait event", labels=labels
+    )
+    sleeps = CounterMetricFamily(
+        "pgprobe_wait_sleeps", "sleeps per wait event that ended", labels=labels
+    )
+    for key, ns in sorted(totals.wait_ns.items()):
+        seconds.add_metric(list(key), ns / 1e9)
+        sleeps.add_metric(list(key), totals.wait_sleeps[key])
+    yield from (seconds, sleeps)
+    for name, doc, counts in (
+        ("pgprobe_oncpu_seconds", "time on CPU", totals.oncpu_ns),
+        ("pgprobe_runqueue_seconds", "time runnable, waiting for a CPU", totals.runqueue_ns),
+        ("pgprobe_process_seconds", "wall time of the processes modelled", totals.process_ns),
+    ):
+        family = CounterMetricFamily(name, doc, labels=["backend_type"])
+        for btype, ns in sorted(counts.items()):
+            family.add_metric([btype], ns / 1e9)
+        yield family
 
 
 def lwlock_families(totals: Totals) -> Iterator[Metric]:
@@ -116,6 +159,11 @@ def cpu_families(totals: Totals) -> Iterator[Metric]:
     for kind, n in sorted(totals.cpu_samples.items()):
         samples.add_metric([kind], n)
     yield samples
+    yield CounterMetricFamily(
+        "pgprobe_cpu_samples_without_stack",
+        "samples whose user stack the kernel's stack map refused, or of an exiting task",
+        value=totals.cpu_samples_without_stack,
+    )
     yield GaugeMetricFamily("pgprobe_cpu_sampling_hz", "CPU samples per second per CPU",
                             value=totals.cpu_hz)  # fmt: skip
 

@@ -10,14 +10,17 @@ bounded by one window) and a counter is the sum of the windows.
 - ``slru``: bpf/clog_reads.bt (pgprobe clog-reads) in aggregate mode, every SLRU.
 - ``cpu``: bpf/profile.bt (pgprobe flame/hot) at a low rate, user stacks named in
   Python as flame does (pgprobe.tools.profiling).
+- ``waits``: bpf/waits.bt (pgprobe waits), the time model of every process of the
+  cluster: on CPU, runqueue, off CPU per wait event (PostgreSQL 14+, any build).
 
-A new source (the time model of `pgprobe waits`, when it lands) is one more
-``Source`` here with its ``fold`` in records.py and its families in metrics.py.
+A new source is one more ``Source`` here with its ``fold`` in records.py and its
+families in metrics.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,8 +28,14 @@ from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture
 from pgprobe.errors import PgprobeError
 from pgprobe.tools import clog_reads, common, lwlocks, profiling
+from pgprobe.tools.serve import recycle
+from pgprobe.tools.waits import probe as waits_probe
+from pgprobe.waitevents import address
 
-LWLOCK, SLRU, CPU = "lwlock", "slru", "cpu"
+LWLOCK, SLRU, CPU, WAITS = "lwlock", "slru", "cpu", "waits"
+# waits.bt's maps hold (process, wait event) pairs of up to RECYCLE_AFTER_EXITED exited
+# processes (about 5 each in the largest): 32,768 keys hold them.
+MIN_WAITS_KEYS = 32768
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,32 @@ def _cpu(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
     return common.capture(ns, profiling.SCRIPT, args, profiling.MAPS, env=env)
 
 
+def waits_map_keys() -> int:
+    """BPFTRACE_MAP_KEYS_MAX for waits.bt: room for every task of the machine in @task,
+    twice over, and for what the agent lets pile up before it recycles the tracer.
+
+    Every map gets this many keys, preallocated (2.6 MiB of kernel memory per 32,768
+    keys and map, 15 maps): waits' own 65,536 is for a machine of 30,000 tasks.
+    """
+    tasks = sum(len(os.listdir(f"/proc/{p}/task")) for p in os.listdir("/proc")
+                if p.isdigit() and os.path.isdir(f"/proc/{p}/task"))  # fmt: skip
+    need = 2 * (tasks + recycle.RECYCLE_AFTER_STALE)
+    keys = MIN_WAITS_KEYS
+    while keys < need and keys < int(waits_probe.ENV["BPFTRACE_MAP_KEYS_MAX"]):
+        keys *= 2
+    return keys
+
+
+def _waits(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
+    cluster = targets.cluster
+    where = address.find(cluster.postmaster_pid, cluster.binary)
+    args = waits_probe.script_args(targets, where, window)
+    env = {**waits_probe.ENV, "BPFTRACE_MAP_KEYS_MAX": str(waits_map_keys())}
+    return common.capture(ns, waits_probe.SCRIPT, args, waits_probe.MAPS, env=env)
+
+
 SOURCES = (
+    Source(WAITS, "time model", waits_probe.check_server, _waits),
     Source(LWLOCK, "LWLock waits", lwlocks.check_server, _lwlock),
     Source(SLRU, "SLRU reads", clog_reads.check_server, _slru),
     Source(CPU, "CPU samples", profiling.check_server, _cpu),

@@ -15,10 +15,17 @@ bucket) to ``HIST_MAX_POW`` (longer ones to +Inf only).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pgprobe.engines.base import Log2Hist, Snapshot
 from pgprobe.tools import clog_reads, lwlocks
+from pgprobe.tools.waits import records as waits_records
+
+# The time model's categories (pgprobe waits) as the `state` label of a wait event;
+# Client:ClientRead carries the backend's own state (idle, idle in transaction, ...).
+WAIT_STATE = {"wait": "active", "idle": "idle", "unknown": "unknown"}
+WaitKey = tuple[str, str, str, str]  # wait_event_type, wait_event, backend_type, state
 
 HIST_MIN_POW = 10  # 1.024 us
 HIST_MAX_POW = 34  # 17.2 s
@@ -53,7 +60,13 @@ class Totals:
     slru_reads: Counter[str] = field(default_factory=Counter)  # pg_xact, pg_subtrans, ...
     slru_read_ns: Counter[str] = field(default_factory=Counter)
     cpu_samples: Counter[str] = field(default_factory=Counter)  # backend_type
+    cpu_samples_without_stack: int = 0  # the stack map refused the stack, or the task was exiting
     cpu_hz: int = 0
+    wait_ns: Counter[WaitKey] = field(default_factory=Counter)
+    wait_sleeps: Counter[WaitKey] = field(default_factory=Counter)
+    oncpu_ns: Counter[str] = field(default_factory=Counter)  # backend_type
+    runqueue_ns: Counter[str] = field(default_factory=Counter)
+    process_ns: Counter[str] = field(default_factory=Counter)  # wall time in the model
     sources: dict[str, SourceState] = field(default_factory=dict)
     server_restarts: int = 0
 
@@ -92,3 +105,24 @@ def add_slru(totals: Totals, snapshot: Snapshot, own_pid: int) -> int:
         totals.slru_read_ns[rec.slru] += rec.total_ns
         reads += rec.reads
     return reads
+
+
+def add_time_model(totals: Totals, rows: Iterable[waits_records.Row]) -> None:
+    """One window of waits.bt, as pgprobe waits' rows per process (by pid).
+
+    A process's rows share its wall time (wall_ns); it is added once, with its
+    on-CPU row (the first of each process). "not accounted" (near 0) is left out:
+    process seconds minus the rest is that.
+    """
+    for row in rows:
+        btype = row.backend_type or "unknown"
+        if row.category == "on CPU":
+            totals.oncpu_ns[btype] += row.total_ns
+            totals.process_ns[btype] += row.wall_ns
+        elif row.category == "runqueue":
+            totals.runqueue_ns[btype] += row.total_ns
+        elif row.category in WAIT_STATE:
+            state = row.state or WAIT_STATE[row.category]
+            key = (row.wait_event_type, row.wait_event, btype, state)
+            totals.wait_ns[key] += row.total_ns
+            totals.wait_sleeps[key] += row.sleeps

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from pgprobe import discover, proc, waitevents
 from pgprobe.discover import Targets
 from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
-from pgprobe.tools import common
-from pgprobe.tools.waits import probe, records, view
+from pgprobe.tools import common, pprof_export
+from pgprobe.tools.flame.output import check_output
+from pgprobe.tools.waits import offcpu, probe, records, stacks, view
+from pgprobe.tools.waits.targets import asleep_all_along, asleep_at, describe, ours, run_counts
 from pgprobe.waitevents import address
 
 NAME = "waits"
@@ -33,6 +36,7 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="print a fresh table every N seconds until the duration ends",
     )
+    offcpu.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -43,67 +47,74 @@ def run(ns: argparse.Namespace) -> int:
             f"--interval {ns.interval} is longer than the duration ({ns.duration:g} s)",
             EXIT_USAGE,
         )
+    fmt = output_format(ns)
+    if fmt and ns.interval:
+        raise PgprobeError("--stacks takes no --interval (one graph per capture)", EXIT_USAGE)
+    if fmt and getattr(ns, "engine", "auto") == "dtrace":
+        raise PgprobeError("--stacks needs bpftrace (no DTrace script for it)", EXIT_USAGE)
     targets = common.prepare(ns, probe.check_server)
     cluster = targets.cluster
     where = address.find(cluster.postmaster_pid, cluster.binary)
+    started, left = time.monotonic(), ns
+    untraced_s: float | None = None  # set for the first window after a restart
+    while True:
+        last = capture_windows(left, targets, by_pid, where, fmt, untraced_s)
+        if last.restart_exited is None:
+            return 0
+        remaining = ns.duration - (time.monotonic() - started)
+        if remaining < 1:
+            return 0
+        left = argparse.Namespace(**{**vars(ns), "duration": remaining})
+        print(f"pgprobe: note: the tracer is restarted: its maps held "
+              f"{last.restart_exited:,} processes that exited (the bound: "
+              f"{records.RECYCLE_AFTER_EXITED:,}); the time it takes to attach again is in "
+              "no window (meta untraced_before_s)", file=sys.stderr)  # fmt: skip
+        untraced_s = -last.end_ns / 1e9  # + the next tracer's start, at its first window
+
+
+@dataclass
+class CaptureEnd:
+    """How one tracer's run ended: restart_exited, when stopped to bound its maps."""
+
+    end_ns: int  # @now_ns of its last snapshot (the kernel's monotonic clock)
+    restart_exited: int | None = None
+
+
+def capture_windows(
+    ns: argparse.Namespace,
+    targets: Targets,
+    by_pid: bool,
+    where: address.WaitEventAddress,
+    fmt: str | None,
+    untraced_s: float | None,
+) -> CaptureEnd:
+    """One tracer's run: its windows emitted. In interval mode its maps keep every exited
+    process (running totals): past records.RECYCLE_AFTER_EXITED it is stopped, its last
+    window emitted, and the caller starts another (as serve does)."""
     runs_before = run_counts(targets.pids)
-    capture = common.capture(
-        ns, probe.SCRIPT, probe.script_args(targets, where, ns.interval), probe.MAPS, env=probe.ENV
-    )
+    asleep_now = asleep_at(targets, runs_before)
+    args = probe.script_args(targets, where, ns.interval)
+    namer: offcpu.StackNamer | None = None
+    if fmt:
+        namer = offcpu.StackNamer(targets)
+        capture: Any = offcpu.start(ns, targets, args, namer)
+    else:
+        capture = common.capture(ns, probe.SCRIPT, args, probe.MAPS, env=probe.ENV)
+    end = CaptureEnd(0)
+    previous = None  # the maps are cumulative: each window is the difference of two
     for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
         slept_in = asleep_all_along(targets, runs_before)
-        emit(ns, snapshot, info, targets, by_pid, where, slept_in)
-    return 0
-
-
-def run_counts(pids: list[int]) -> dict[int, int]:
-    counts = {pid: proc.run_count(pid) for pid in pids}
-    return {pid: n for pid, n in counts.items() if n is not None}
-
-
-def asleep_all_along(targets: Targets, runs_before: dict[int, int]) -> dict[int, int]:
-    """pid -> wait_event_info, for the targets that slept through the whole capture.
-
-    Read after a fresh pg_stat_activity: a process whose run count did not move
-    from before the capture until after that read slept all the while in the
-    event pg_stat_activity shows (the same uint32 the probe reads at a switch-out).
-    """
-    discover.refresh_backends(targets.cluster)
-    out = {}
-    for pid, runs in run_counts(targets.pids).items():
-        backend = targets.cluster.backend(pid)
-        if runs_before.get(pid) != runs or backend is None or not backend.wait_event_type:
-            continue
-        major = targets.cluster.major
-        wei = waitevents.number(major, backend.wait_event_type, backend.wait_event)
-        if wei is not None:
-            out[pid] = wei
-    return out
-
-
-def ours(targets: Targets) -> Any:
-    postmaster = targets.cluster.postmaster_pid
-    wanted = None if targets.whole_cluster else set(targets.pids)
-
-    def is_ours(pid: int) -> bool:
-        if wanted is not None:
-            return pid in wanted
-        if pid == postmaster or pid in targets.pids:
-            return True
-        info = proc.read_info(pid)
-        return info is not None and info.ppid == postmaster
-
-    return is_ours
-
-
-def describe(targets: Targets) -> records.Describe:
-    def named(pid: int) -> tuple[str, str]:
-        if pid == targets.cluster.postmaster_pid:
-            return "postmaster", ""
-        backend = targets.describe(pid)
-        return backend.backend_type or "(exited)", backend.application_name
-
-    return named
+        if untraced_s is not None and previous is None:  # the gap since the last tracer ended
+            untraced_s += records.window(snapshot)[0] / 1e9
+        emit(ns, snapshot, info, targets, by_pid, where, slept_in, asleep_now, fmt, namer,
+             previous, untraced_s if previous is None else None)  # fmt: skip
+        previous = snapshot
+        end.end_ns = records.window(snapshot)[1]
+        exited = records.exited(snapshot)
+        if ns.interval and exited >= records.RECYCLE_AFTER_EXITED and end.restart_exited is None:
+            end.restart_exited = exited
+            capture.request_stop()  # its last maps come as one more (final) window
+    return end
 
 
 def emit(
@@ -114,13 +125,24 @@ def emit(
     by_pid: bool,
     where: address.WaitEventAddress,
     slept_in: dict[int, int],
+    asleep_now: dict[int, tuple[int, int]] | None = None,
+    fmt: str | None = None,
+    namer: offcpu.StackNamer | None = None,
+    previous: Snapshot | None = None,
+    untraced_s: float | None = None,
 ) -> None:
     is_ours = ours(targets)
-    procs = records.records(snapshot, targets.pids, is_ours, slept_in)
+    procs = records.since(previous, snapshot, targets.pids, is_ours, slept_in, asleep_now)
     if not targets.whole_cluster:
         procs = [p for p in procs if p.pid in targets.pids]
+    off: list[stacks.OffCpuStack] | None = None
+    if fmt and namer is not None:
+        kept = {p.pid for p in procs}
+        sleeps = offcpu.sleeps_of(snapshot, procs, lambda pid: pid in kept, namer)
+        off = namer.name(sleeps, targets.cluster.major)
     result = records.rows(procs, targets.cluster.major, by_pid, describe(targets))
-    start, end = records.window(snapshot)
+    start, end = records.window(snapshot, previous)
+    not_read = probe.client_read_note(where, targets.cluster.major)
     meta = common.meta(
         targets,
         info,
@@ -134,8 +156,19 @@ def emit(
         wait_event_address=hex(where.address),
         asleep_all_along_pids=sorted(slept_in),
         missed_runs=info.missed_runs,
-        unseen_events=records.unseen(snapshot),
+        unseen_events=records.unseen(snapshot, previous),
+        lost_pids=[p for p in records.lost_pids(snapshot, previous) if is_ours(p)],
+        lost_gap_ms=round(records.gap_ns(snapshot, previous) / 1e6, 3),
+        client_read_state_unknown_s=round(records.client_read_unknown_ns(result) / 1e9, 6),
+        client_read_state_not_read=not_read or None,
     )
+    if untraced_s is not None:  # a restarted tracer: the seconds before this window untraced
+        meta["untraced_before_s"] = round(untraced_s, 6)
+    if off is not None and fmt is not None and namer is not None:
+        meta["stacks"] = [s.as_json() for s in off]
+        emit_stacks(ns, fmt, off, meta, targets, namer)
+        if not ns.output:
+            return  # stdout holds the graph
     if ns.json:
         common.print_json(NAME, meta, [r.as_json() for r in result])
         return
@@ -144,11 +177,45 @@ def emit(
     )
     view.show(title, result, by_pid, meta)
     common.print_losses(info)
-    lost = meta["unseen_events"]
-    if any(lost.values()):
-        print(
-            f"pgprobe: warning: events lost: {lost['switch_in']} switch-ins (those intervals "
-            f"are missing) and {lost['wakeup']} wakeups (that runqueue time is charged to the "
-            "wait event)",
-            file=sys.stderr,
-        )
+    warning = records.lost_warning(meta["unseen_events"], meta["lost_gap_ms"])
+    if warning:
+        print(f"pgprobe: warning: {warning}", file=sys.stderr)
+    note = records.client_read_warning(result, not_read)
+    if note:
+        print(f"pgprobe: note: {note}", file=sys.stderr)
+
+
+def emit_stacks(
+    ns: argparse.Namespace,
+    fmt: str,
+    off: list[stacks.OffCpuStack],
+    meta: dict[str, Any],
+    targets: Targets,
+    namer: offcpu.StackNamer,
+) -> None:
+    """The off-CPU graph (or pprof) of the capture, and its warnings on stderr."""
+    title = common.title("Off-CPU time by wait event", meta)
+    total_s = sum(s.ns for s in off) / 1e9
+    facts = {"window": f"{meta['window_s']:.1f} s", "off-CPU": f"{total_s:.3f} s",
+             "unit": "microseconds"}  # fmt: skip
+
+    def describe(pid: int) -> Any:
+        return targets.cluster.backend(pid) or namer.describe(pid)
+
+    meta.update(namer.facts())
+    view.emit_stacks(ns, fmt, off, title, facts, targets, describe, meta["window_s"])
+    offcpu.print_warnings(namer, off)
+
+
+def output_format(ns: argparse.Namespace) -> str | None:
+    """The stacks' format, or None without --stacks (checked before the capture)."""
+    if not ns.stacks:
+        if ns.format or ns.output or ns.unwind:
+            flag = "--format" if ns.format else "-o" if ns.output else "--unwind"
+            offcpu.raise_usage(f"{flag} is for --stacks")
+        return None
+    fmt: str = ns.format or ("pprof" if pprof_export.wants_pprof(ns.output) else "svg")
+    if ns.json and not ns.output:
+        offcpu.raise_usage("--stacks --json: give -o FILE for the stacks (stdout holds the JSON)")
+    check_output(ns, fmt)
+    return fmt

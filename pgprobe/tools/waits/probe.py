@@ -7,7 +7,7 @@ from pathlib import Path
 from pgprobe.discover import Targets
 from pgprobe.engines.base import KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, PgprobeError
-from pgprobe.waitevents import MAJORS, address
+from pgprobe.waitevents import MAJORS, address, backend_state
 
 SCRIPT = "waits"  # bpf/waits.bt
 INT: tuple[KeyKind, ...] = ("int",)
@@ -21,11 +21,26 @@ MAPS = (
     MapSpec("wait_hist", PAIR),
     MapSpec("born_ns", INT),
     MapSpec("exit_ns", INT),
-    MapSpec("unseen", INT),  # kind -> events the script knows it missed
-    MapSpec("task", INT),  # tid -> (since, state, a, b)
+    MapSpec("first_runs", INT),  # tid -> run count at its first switch-out (slept before)
+    MapSpec("unseen", PAIR),  # kind, tid -> events the script knows it missed
+    MapSpec("gap_ns", ()),  # total length of the breaks in a CPU's chain of switches
+    # tid -> (since, state, a, b, then running totals: cpu, runq 2, runq 3, last wei, its
+    # wait); tasks are deleted while it prints (keys may repeat)
+    MapSpec("task", INT, combine="last"),
 )
 # @task holds an entry per task of the machine seen switching (most are "not ours").
 ENV = {"BPFTRACE_MAP_KEYS_MAX": "65536"}
+
+# --stacks: bpf/waits_stacks.bt, the same maps plus the user stack of every sleep
+# (raw addresses, named by pgprobe from /proc/PID/maps snapshots).
+STACKS_SCRIPT = "waits_stacks"
+TRIPLE_STACK: tuple[KeyKind, ...] = ("int", "int", "stack")
+STACKS_MAPS = (
+    *MAPS,
+    MapSpec("off_ns", TRIPLE_STACK),  # tid, wait_event_info, ustack -> ns off CPU
+    MapSpec("open_ns", TRIPLE_STACK),  # the sleep open at exit -> its start
+)
+STACKS_ENV = {**ENV, "BPFTRACE_NO_USER_SYMBOLS": "1"}
 
 
 def check_server(targets: Targets) -> None:
@@ -41,6 +56,17 @@ def check_server(targets: Targets) -> None:
 def script_args(
     targets: Targets, where: address.WaitEventAddress, interval: int | None
 ) -> list[int | Path]:
-    """$1 postmaster, $2 address of my_wait_event_info, $3 interval, $4 single pid."""
+    """$1 postmaster, $2 address of my_wait_event_info, $3 interval, $4 single pid,
+    $5 address of MyBEEntry and $6 offset of its st_state (ClientRead's state; 0 0: not read)."""
     single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
-    return [targets.cluster.postmaster_pid, where.address, interval or 0, single]
+    state = backend_state.find(where, targets.cluster.major)
+    return [targets.cluster.postmaster_pid, where.address, interval or 0, single,
+            state.address if state else 0, state.offset if state else 0]  # fmt: skip
+
+
+def client_read_note(where: address.WaitEventAddress, major: int) -> str | None:
+    """One line when ClientRead's state (idle or in a transaction) is not read at all."""
+    if backend_state.find(where, major) is not None:
+        return None
+    return (f"Client:ClientRead is not split into idle and idle in transaction "
+            f"({backend_state.why_unknown(where, major)}): shown as state unknown")  # fmt: skip

@@ -1,5 +1,8 @@
 """What bpf/waits.bt hands back, and the time model shown: pure functions, no I/O.
 
+Long (~440 lines) because the time model is one computation: states of @task,
+running totals, open intervals and interval differences must agree line by line.
+
 snapshot -> ProcessTime per process (what the kernel measured, plus the
 intervals still open when the maps were printed) -> Rows (one per component
 of the time model, per process or for the whole cluster).
@@ -20,9 +23,11 @@ from typing import Any
 
 from pgprobe import histogram, waitevents
 from pgprobe.engines.base import Log2Hist, Snapshot
+from pgprobe.waitevents import backend_state
 
 # @task states (bpf/waits.bt)
 ON_CPU, PREEMPTED, WOKEN, ASLEEP, PENDING_WOKEN, PENDING_ON_CPU, NOT_OURS = 1, 2, 3, 4, 5, 6, 9
+LOST_TRACK, PENDING_LOST_TRACK = 7, 8  # its CPU's events stopped being seen: not charged
 
 CATEGORY_ORDER = ("on CPU", "runqueue", "wait", "idle", "unknown", "not accounted")
 
@@ -58,15 +63,81 @@ def _scalar(snapshot: Snapshot, name: str) -> int:
     return value if isinstance(value, int) else 0
 
 
-def window(snapshot: Snapshot) -> tuple[int, int]:
-    """(start_ns, end_ns) of the snapshot's window, on the kernel's monotonic clock."""
-    return _scalar(snapshot, "window_ns"), _scalar(snapshot, "now_ns")
+# waits.bt's maps are running totals in interval mode (nothing cleared, so no time falls
+# between two windows) and keep every process until the tracer ends: a cluster whose
+# connections come and go would fill them (BPFTRACE_MAP_KEYS_MAX, 65,536 keys per map, ~5
+# keys per process in the largest). Past this many exited processes `pgprobe waits
+# --interval` and serve start the tracer again, and say so in one line.
+RECYCLE_AFTER_EXITED = 2000
 
 
-def unseen(snapshot: Snapshot) -> dict[str, int]:
-    """Events the script knows it never saw: switch-ins and wakeups (lost events)."""
-    counts = _ints(snapshot, "unseen")
-    return {"switch_in": counts.get(1, 0), "wakeup": counts.get(2, 0)}
+def exited(snapshot: Snapshot) -> int:
+    """How many processes the tracer's maps hold after their exit."""
+    return len(snapshot.get("exit_ns"))
+
+
+def window(snapshot: Snapshot, previous: Snapshot | None = None) -> tuple[int, int]:
+    """(start_ns, end_ns) of the window since previous (else since the capture began).
+
+    On the kernel's monotonic clock. The maps are cumulative: a window starts
+    at the previous snapshot's @now_ns.
+    """
+    start = _scalar(previous, "now_ns") if previous else _scalar(snapshot, "window_ns")
+    return start, _scalar(snapshot, "now_ns")
+
+
+def _unseen_by(snapshot: Snapshot | None) -> dict[tuple[int, int], int]:
+    out = {}
+    for key, value in (snapshot.get("unseen") if snapshot else {}).items():
+        assert len(key) == 2 and isinstance(key[0], int) and isinstance(key[1], int)
+        assert isinstance(value, int)
+        out[(key[0], key[1])] = value
+    return out
+
+
+def unseen(snapshot: Snapshot, previous: Snapshot | None = None) -> dict[str, int]:
+    """Events the script knows it never saw (lost events).
+
+    switch_in, wakeup, switch_out: one task's event missing from its sequence;
+    cpu_gaps: breaks in a CPU's chain of switches (none seen there for a while,
+    gap_ns long in total; the kernel skipped the script's programs on that CPU).
+    """
+    counts: dict[int, int] = defaultdict(int)
+    old = _unseen_by(previous)
+    for (kind, tid), value in _unseen_by(snapshot).items():
+        counts[kind] += value - old.get((kind, tid), 0)
+    return {"switch_in": counts[1], "wakeup": counts[2], "switch_out": counts[3],
+            "cpu_gaps": counts[4]}  # fmt: skip
+
+
+def lost_pids(snapshot: Snapshot, previous: Snapshot | None = None) -> list[int]:
+    """The processes whose own events the script knows it missed (see unseen())."""
+    old = _unseen_by(previous)
+    now = _unseen_by(snapshot)
+    return sorted({tid for (kind, tid), n in now.items() if tid and n > old.get((kind, tid), 0)})
+
+
+def gap_ns(snapshot: Snapshot, previous: Snapshot | None = None) -> int:
+    """Total length of the breaks in the CPUs' chains of switches (see unseen())."""
+    return _scalar(snapshot, "gap_ns") - (_scalar(previous, "gap_ns") if previous else 0)
+
+
+def lost_warning(lost: dict[str, int], gap_ms: float) -> str | None:
+    """One line on the scheduler events the script knows it never saw, else None."""
+    if not any(lost.values()):
+        return None
+    parts = [
+        f"{lost['switch_in']} switch-ins and {lost['switch_out']} switch-outs (those "
+        "intervals are not accounted)",
+        f"{lost['wakeup']} wakeups (that runqueue time is charged to the wait event)",
+    ]
+    if lost["cpu_gaps"]:
+        parts.append(
+            f"{lost['cpu_gaps']} breaks of {gap_ms:.1f} ms in all when the kernel ran no "
+            "probe on a CPU (a task preempted in a bpf() syscall holds the CPU's BPF guard; "
+            "what ran there then, up to that much time, is not accounted or in the wrong row)"
+        )
+    return "events lost: " + "; ".join(parts)
 
 
 def records(
@@ -74,6 +145,7 @@ def records(
     targets: Iterable[int],
     is_ours: Callable[[int], bool],
     slept_in: dict[int, int] | None = None,
+    asleep_at_start: dict[int, tuple[int, int]] | None = None,
 ) -> list[ProcessTime]:
     """Per process: the maps, plus the intervals open at the end, plus idle targets.
 
@@ -83,6 +155,11 @@ def records(
     pid -> the wait_event_info it slept in for the whole window, where known
     (it never ran between a pg_stat_activity read and the end); otherwise such
     a pid's window is charged to "asleep since before the capture".
+    asleep_at_start: pid -> (run count, wait_event_info) read before the capture
+    with the run count unchanged across the pg_stat_activity read (asleep in
+    that event then): a sleep that began before the capture and ended in it is
+    charged to that event when the process's run count at its first switch-out
+    (@first_runs) is exactly one more, i.e. it had not run since that read.
     """
     start, end = window(snapshot)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
@@ -102,8 +179,12 @@ def records(
         assert isinstance(tid, int) and isinstance(how, int) and isinstance(value, int)
         p = proc(tid)
         p.runq_ns[how] = p.runq_ns.get(how, 0) + value
+    first_runs = _ints(snapshot, "first_runs")
     for (tid, wei), value in snapshot.get("wait_ns").items():
         assert isinstance(tid, int) and isinstance(wei, int) and isinstance(value, int)
+        known = (asleep_at_start or {}).get(tid)
+        if wei == waitevents.BEFORE_CAPTURE and known and first_runs.get(tid) == known[0] + 1:
+            wei = known[1]
         p = proc(tid)
         p.wait_ns[wei] = p.wait_ns.get(wei, 0) + value
     for (tid, wei), value in snapshot.get("wait_hist").items():
@@ -111,12 +192,99 @@ def records(
         proc(tid).wait_hist[wei] = value
     for (tid,), value in snapshot.get("task").items():
         assert isinstance(tid, int) and isinstance(value, tuple)
-        _add_open(proc, tid, value, start, end, is_ours)
+        _add_totals(proc, tid, value)
+        # A process that exited: open until its exit at most (its last switch-out
+        # can be among the events lost, and it was then "on CPU" to the end).
+        _add_open(proc, tid, value, start, min(end, exited.get(tid, end)), is_ours)
     for pid in targets:
         if pid not in procs and is_ours(pid):
             wei = (slept_in or {}).get(pid, waitevents.BEFORE_CAPTURE)
             proc(pid).wait_ns[wei] = proc(pid).wall_ns
     return sorted(procs.values(), key=lambda p: p.pid)
+
+
+def since(
+    previous: Snapshot | None,
+    snapshot: Snapshot,
+    targets: Iterable[int],
+    is_ours: Callable[[int], bool],
+    slept_in: dict[int, int] | None = None,
+    asleep_at_start: dict[int, tuple[int, int]] | None = None,
+) -> list[ProcessTime]:
+    """The window from `previous`'s @now_ns to `snapshot`'s: the difference of the two.
+
+    With INTERVAL_S the script's maps are cumulative since the capture began
+    (bpftrace prints asynchronously: a clear would lose what is charged
+    between the interval probe and the print). Both snapshots are modelled the
+    same way (same is_ours, targets, ...) so that what is charged in between
+    lands in one window or the next, never in none. With no previous
+    snapshot: the capture's first window, as records().
+    """
+    now = records(snapshot, targets, is_ours, slept_in, asleep_at_start)
+    if previous is None:
+        return now
+    before = {p.pid: p for p in records(previous, targets, is_ours, slept_in, asleep_at_start)}
+    start, end = window(snapshot, previous)
+    born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
+    out = []
+    for cur in now:
+        old = before.get(cur.pid, ProcessTime(cur.pid, 0))
+        begin, finish = max(start, born.get(cur.pid, start)), min(end, exited.get(cur.pid, end))
+        p = ProcessTime(cur.pid, max(finish - begin, 0), cur.cpu_ns - old.cpu_ns)
+        p.born, p.exited = cur.born and not old.born, cur.exited and not old.exited
+        p.runq_ns = _minus(cur.runq_ns, old.runq_ns)
+        p.wait_ns = _minus(cur.wait_ns, old.wait_ns)
+        for wei, hist in cur.wait_hist.items():
+            left = hist_minus(hist, old.wait_hist.get(wei, Log2Hist(())))
+            if left.count:
+                p.wait_hist[wei] = left
+        if p.wall_ns or p.accounted_ns:
+            out.append(p)
+    return out
+
+
+def _minus(now: dict[int, int], before: dict[int, int]) -> dict[int, int]:
+    """now - before, key by key. A key only in before goes negative: a sleep from before
+    the capture shown as unknown (2) in one window and named at its end in a later one
+    moves there (that window shows the unknown part negative, the named one whole)."""
+    keys = now.keys() | before.keys()
+    return {k: now.get(k, 0) - before.get(k, 0) for k in keys if now.get(k, 0) != before.get(k, 0)}
+
+
+def hist_minus(now: Log2Hist, before: Log2Hist) -> Log2Hist:
+    old = {(lo, hi): c for lo, hi, c in before.buckets}
+    return Log2Hist(tuple((lo, hi, c - old.get((lo, hi), 0)) for lo, hi, c in now.buckets
+                          if c > old.get((lo, hi), 0)))  # fmt: skip
+
+
+def pending_waits(snapshot: Snapshot | None) -> dict[tuple[int, int], int]:
+    """(tid, wait_event_info) -> ns asleep not yet in @wait_ns: a live task's running
+    total for the wait event it last slept in (@task fields 7 and 8)."""
+    out = {}
+    for (tid,), task in (snapshot.get("task") if snapshot else {}).items():
+        if isinstance(tid, int) and isinstance(task, tuple) and len(task) >= 9 and task[8]:
+            wei, ns = task[7], task[8]
+            assert isinstance(wei, int) and isinstance(ns, int)
+            out[(tid, wei)] = ns
+    return out
+
+
+def _add_totals(proc: Callable[[int], ProcessTime], pid: int, task: tuple[int, ...]) -> None:
+    """A live task's running totals, kept in its @task entry (fields 4-6: on CPU,
+    runqueue after a preemption, runqueue after a wakeup; 7-8: the wait event it last
+    slept in and the time asleep in it since it changed) rather than in @cpu_ns,
+    @runq_ns and @wait_ns, which get them when it exits (the wait also when the event
+    changes): one map update per switch or wakeup, not two."""
+    cpu, preempted, woken, wei, asleep = (list(task[4:9]) + [0] * 5)[:5]
+    if not (cpu or preempted or woken or asleep):
+        return
+    p = proc(pid)
+    p.cpu_ns += cpu
+    for how, ns in ((PREEMPTED, preempted), (WOKEN, woken)):
+        if ns:
+            p.runq_ns[how] = p.runq_ns.get(how, 0) + ns
+    if asleep:
+        p.wait_ns[wei] = p.wait_ns.get(wei, 0) + asleep
 
 
 def _add_open(
@@ -129,9 +297,9 @@ def _add_open(
 ) -> None:
     """Charge what a task was doing when the maps were printed, since max(since, start)."""
     since, state, a, b = (list(task) + [0, 0, 0, 0])[:4]
-    if state in (0, NOT_OURS) or since > end:
+    if state in (0, NOT_OURS, LOST_TRACK) or since > end:
         return
-    if state in (PENDING_WOKEN, PENDING_ON_CPU) and not is_ours(pid):
+    if state in (PENDING_WOKEN, PENDING_ON_CPU, PENDING_LOST_TRACK) and not is_ours(pid):
         return
     if pid == 0:
         return
@@ -143,6 +311,10 @@ def _add_open(
         p.runq_ns[state] = p.runq_ns.get(state, 0) + open_ns
     elif state == ASLEEP:
         p.wait_ns[a] = p.wait_ns.get(a, 0) + open_ns
+    elif state == PENDING_LOST_TRACK:
+        before = waitevents.BEFORE_CAPTURE
+        p.wait_ns[before] = p.wait_ns.get(before, 0) + a
+        p.runq_ns[WOKEN] = p.runq_ns.get(WOKEN, 0) + b
     elif state in (PENDING_WOKEN, PENDING_ON_CPU):
         before = waitevents.BEFORE_CAPTURE
         p.wait_ns[before] = p.wait_ns.get(before, 0) + a
@@ -167,6 +339,7 @@ class Row:
     pid: int | None = None
     backend_type: str = ""
     application_name: str = ""
+    state: str = ""  # Client:ClientRead only: pg_stat_activity's state then (idle, ...)
 
     @property
     def share(self) -> float:
@@ -184,6 +357,7 @@ class Row:
             category=self.category,
             wait_event_type=self.wait_event_type,
             wait_event=self.wait_event,
+            state=self.state,
             wait_event_info=self.wait_event_info,
             total_us=round(self.total_ns / 1000, 3),
             wall_us=round(self.wall_ns / 1000, 3),
@@ -227,16 +401,46 @@ def _model(
     for wei, total in by_event.items():
         wtype, wname = waitevents.name(major, wei)
         hist = histogram.merge(p.wait_hist[wei] for p in group if wei in p.wait_hist)
+        state = backend_state.state_of(major, wei)
         if wei == waitevents.BEFORE_CAPTURE:
             category = "unknown"
+        elif state is not None:  # ClientRead: idle, idle in transaction, ... (or unknown)
+            category = backend_state.category(state)
         elif waitevents.is_idle(wtype, wname):
             category = "idle"
         else:
             category = "wait"
         events.append(Row(category, wtype, wname, total, sleeps=hist.count, hist=hist,
-                          wait_event_info=wei, **common))  # fmt: skip
+                          wait_event_info=wei, state=state or "", **common))  # fmt: skip
     events.sort(key=lambda r: (CATEGORY_ORDER.index(r.category), -r.total_ns, r.wait_event))
     out.extend(events)
     rest = wall - sum(r.total_ns for r in out)
     out.append(Row("not accounted", "", "(not accounted)", rest, **common))
     return out
+
+
+def client_read_unknown_ns(rows: Iterable[Row]) -> int:
+    """ClientRead time whose state (idle or in a transaction) was not known."""
+    return sum(r.total_ns for r in rows if r.state and backend_state.category(r.state) == "unknown")
+
+
+def client_read_warning(rows: list[Row], not_read: str | None = None) -> str | None:
+    """One line when some ClientRead time is neither idle nor active: its state not known.
+
+    not_read: why the probe did not read the state at all (else it read it and failed).
+    """
+    unknown = client_read_unknown_ns(rows)
+    if not unknown:
+        return None
+    states = sorted({r.state for r in rows if r.total_ns and r.state
+                     and backend_state.category(r.state) == "unknown"})  # fmt: skip
+    if not_read:
+        why = not_read
+    elif states == ["disabled"]:
+        why = "track_activities is off"
+    else:
+        why = "the backend's status entry was not set up or not readable at the switch-out"
+    return (
+        f"{unknown / 1e9:.3f} s of Client:ClientRead with the backend's state "
+        f"{'/'.join(states)}, neither idle nor active ({why})"
+    )

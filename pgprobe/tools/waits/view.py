@@ -1,12 +1,25 @@
-"""How `pgprobe waits` looks on a terminal: the time model as a table."""
+"""How `pgprobe waits` is shown: the time model as a table on a terminal; with
+--stacks, the off-CPU stacks as a flame graph (SVG, folded, speedscope) or a pprof file.
+The flame graph's root frames are the wait events (``Timeout:PgSleep``), each class of wait
+event (Timeout, LWLock, IO, ...) in a colour of its own; counts are microseconds, as
+offcputime's folded output."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from pgprobe.render import table
+from pgprobe.discover import Backend, Targets
+from pgprobe.render import flamegraph, pprof, table
+from pgprobe.stacks import format_folded
+from pgprobe.tools import pprof_export
+from pgprobe.tools.flame.output import write
 from pgprobe.tools.waits.records import Row
+from pgprobe.tools.waits.stacks import OffCpuStack, folded_us
 
 COLUMNS = [
     table.Column("category", "WHERE"),
@@ -29,7 +42,7 @@ def cells(row: Row) -> dict[str, str]:
     out = {
         "category": row.category,
         "wait_event_type": row.wait_event_type,
-        "wait_event": row.wait_event,
+        "wait_event": f"{row.wait_event} ({row.state})" if row.state else row.wait_event,
         "total_s": f"{row.total_ns / 1e9:,.3f}",
         "share_pct": f"{100 * row.share:.1f}%",
         "sleeps": f"{row.sleeps:,}" if sleeps else "",
@@ -52,3 +65,90 @@ def show(title: str, rows: list[Row], by_pid: bool, meta: dict[str, Any]) -> Non
     table.render(title, columns, [cells(r) for r in shown(rows)], empty=empty)
     if meta.get("unaccounted_note"):
         print(meta["unaccounted_note"], file=sys.stderr)
+
+
+OFF_CPU_NS = pprof.ValueType("off_cpu", "nanoseconds")
+WAIT_MODULE = "[wait event]"  # the pprof module of the root frames
+# One colour per wait class for the root frames (pg_stat_activity's wait_event_type).
+CLASS_COLOURS = {
+    "Activity": "#9aa9c2",  # main-loop waits of background processes: muted
+    "BufferPin": "#8c564b",
+    "Client": "#7fb3d5",
+    "Extension": "#c49c94",
+    "IO": "#2ca02c",
+    "IPC": "#ff7f0e",
+    "Lock": "#d62728",
+    "LWLock": "#9467bd",
+    "Timeout": "#e377c2",
+    "none": "#bbbbbb",  # no wait event set, unreadable, asleep since before the capture
+}
+
+
+def wait_classes(stacks: Iterable[OffCpuStack]) -> dict[str, str]:
+    """Root frame -> its colour group (the wait class)."""
+    return {s.wait_frame: f"wait: {s.wait_event_type or 'none'}" for s in stacks}
+
+
+def emit_stacks(
+    ns: argparse.Namespace,
+    fmt: str,
+    stacks: list[OffCpuStack],
+    title: str,
+    facts: dict[str, str],
+    targets: Targets,
+    describe: Callable[[int], Backend | None],
+    duration_s: float,
+) -> None:
+    if fmt == "pprof":
+        pprof_export.write(ns.output, profile(stacks, targets, describe, duration_s, facts))
+        return
+    folded = folded_us(stacks)
+    if fmt == "folded":
+        write(ns, "".join(line + "\n" for line in format_folded(folded_text(folded))))
+    elif fmt == "speedscope":
+        write(ns, flamegraph.render_speedscope({title: folded}, name=title, hz=1e6))
+    else:
+        roots = wait_classes(stacks)
+
+        def module_of(frame: str) -> str:
+            return roots.get(frame) or flamegraph.classify_frame(frame)
+
+        grey = CLASS_COLOURS["none"]
+        colours = {m: CLASS_COLOURS.get(m.removeprefix("wait: "), grey) for m in roots.values()}
+        svg = flamegraph.render_svg(folded, title=title, subtitle=facts, unit="us",
+                                    module_of=module_of, module_colours=colours)  # fmt: skip
+        write(ns, svg)
+
+
+def folded_text(folded: dict[tuple[str, ...], int]) -> dict[str, int]:
+    return {";".join(f.replace(";", ":") for f in k): n for k, n in folded.items()}
+
+
+def profile(
+    stacks: Iterable[OffCpuStack],
+    targets: Targets,
+    describe: Callable[[int], Backend | None],
+    duration_s: float,
+    facts: dict[str, str],
+) -> pprof.Profile:
+    """Off-CPU nanoseconds per (pid, wait event, stack); the wait event is the root
+    frame (module "[wait event]") and a label."""
+    main = os.path.basename(targets.cluster.binary)
+    postmaster = targets.cluster.postmaster_pid
+    samples = []
+    for s in stacks:
+        frames = tuple(pprof_export.frame_of(n, main) for n in s.frames)
+        frames += (pprof.Frame(s.wait_frame, WAIT_MODULE),)
+        labels = pprof_export.labels(s.pid, describe(s.pid), postmaster)
+        labels["wait_event"] = s.wait_frame
+        samples.append(pprof.Sample(frames, (s.ns,), labels))
+    duration_ns = int(duration_s * 1e9)
+    return pprof.build(
+        samples,
+        (OFF_CPU_NS,),
+        default_type=OFF_CPU_NS.type,
+        time_nanos=time.time_ns() - duration_ns,
+        duration_nanos=duration_ns,
+        comments=[f"pgprobe: {k}: {v}" for k, v in facts.items()],
+        main_module=main,
+    )

@@ -1,0 +1,69 @@
+"""What `pgprobe doctor` finds: one Check per line, which tools a failure stops, the verdict.
+
+Pure: the checks themselves are in machine.py and server.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# What each tool needs; a failed check lists the tools it stops.
+TRACING = ("lwlocks", "clog-reads", "flame", "hot", "triage", "waits")
+NEEDS = {
+    "root": TRACING,
+    "bpftrace": TRACING,
+    "uprobes": ("lwlocks", "triage"),
+    "usdt": (),
+    "tracepoints": ("clog-reads", "triage", "waits"),
+    "btf": TRACING,  # the scripts find a cluster's processes through curtask->real_parent
+    "perf sampling": ("flame", "hot", "triage"),
+    "server binary": TRACING,
+    "usdt probes": (),
+    "postgresql version": ("lwlocks", "triage"),
+    "connection": ("triage",),
+    "wait event address": ("waits",),
+    "backend state address": (),  # waits runs; idle in transaction is then "unknown"
+}
+# A tool that still runs, with a part left out, when another tool cannot run.
+IN_PART = {
+    "usdt probes": {
+        "lwlocks": "LWLock sleeps from the scheduler, not waits",
+        "triage": "without its LWLock table",
+    }
+}
+
+
+@dataclass
+class Check:
+    check: str
+    status: str  # ok, warn, fail, info
+    detail: str
+    fix: str = ""
+    affects: list[str] = field(default_factory=list)
+
+
+def assess(checks: list[Check]) -> tuple[list[str], dict[str, str]]:
+    """(tools that cannot run, {tool that runs in part: what is left out})."""
+    blocked = sorted({tool for c in checks if c.status == "fail" for tool in c.affects})
+    missing = {c.check for c in checks if c.status in ("fail", "warn")}
+    partial = {
+        t: why
+        for check, tools in IN_PART.items()
+        if check in missing
+        for t, why in tools.items()
+        if t not in blocked
+    }
+    return blocked, partial
+
+
+def verdict(blocked: list[str], partial: dict[str, str]) -> str:
+    """One line: what runs here, what runs in part, what cannot run."""
+    if not blocked and not partial:
+        return "ready: every pgprobe tool can run here"
+    runs = [t for t in TRACING if t not in blocked and t not in partial]
+    if not runs and not partial:
+        return f"not ready: these tools cannot run here: {', '.join(blocked)}"
+    said = [f"runs here: {', '.join(runs)}"] if runs else []
+    said += [f"{tool} {why}" for tool, why in partial.items()]
+    cannot = f"; cannot run: {', '.join(blocked)}" if blocked else ""
+    return f"ready in part: {'; '.join(said)}{cannot}"

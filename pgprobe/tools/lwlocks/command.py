@@ -1,0 +1,129 @@
+"""`pgprobe lwlocks` on the command line: options, the capture loop, JSON or the table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pgprobe.discover import Targets
+from pgprobe.engines.base import RunInfo, Snapshot
+from pgprobe.tools import common
+from pgprobe.tools.lwlocks import guard, view
+from pgprobe.tools.lwlocks.probe import (
+    DEFAULT_MAX_FIRES_PER_S,
+    FIRE_COST_US,
+    MAX_FIRES_LIMIT,
+    SCHED,
+    USDT,
+    pick_source,
+    start,
+    start_sleeps,
+)
+from pgprobe.tools.lwlocks.records import (
+    SLEEPS_TITLE,
+    WaitRow,
+    records,
+    rows,
+    sleep_records,
+    sleeps_warning,
+    unmatched_warning,
+)
+
+NAME = "lwlocks"
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="LWLock waits per tranche and mode",
+        description="Time every LWLock wait of the targets and show a table per tranche "
+        "and mode, sorted by total wait time.",
+    )
+    common.add_tracing_arguments(parser, default_duration=10)
+    parser.add_argument(
+        "--by", choices=["pid"], help="one row per backend as well (pid, type, application)"
+    )
+    parser.add_argument(
+        "--interval",
+        type=common.positive_int,
+        metavar="N",
+        help="print a fresh table every N seconds until the duration ends",
+    )
+    parser.add_argument(
+        "--source",
+        choices=["auto", "usdt", "sched"],
+        default="auto",
+        help="usdt: time each wait with the LWLock probes (a build with --enable-dtrace); "
+        "sched: time each sleep in an LWLock from the scheduler (any 14+ build; sleeps, "
+        "not waits; mode unknown); auto (default): usdt when the server has the probes",
+    )
+    parser.add_argument(
+        "--max-events-per-sec",
+        type=common.bounded(int, 0, MAX_FIRES_LIMIT, unit="probe fires per second"),
+        default=DEFAULT_MAX_FIRES_PER_S,
+        metavar="N",
+        help=f"usdt source: stop early (keeping what was collected) when the LWLock "
+        f"probes fire more than N times in a second (two fires per wait, about "
+        f"{FIRE_COST_US} us of CPU each on a 2-CPU VM, paid while the probes are attached): "
+        f"the default {DEFAULT_MAX_FIRES_PER_S:,} bounds the cost to about "
+        f"{DEFAULT_MAX_FIRES_PER_S * FIRE_COST_US / 1e4:.1f} %% of one CPU; 0: no guard. "
+        "The sched source costs per context switch, not per wait, and has no guard",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    by_pid = ns.by == "pid"
+    common.check_interval(ns)
+    sources: list[str] = []
+    targets = common.prepare(ns, lambda t: sources.append(pick_source(ns, t)))
+    source = sources[0]
+    if source == SCHED:
+        capture = start_sleeps(ns, targets, ns.interval)
+    else:
+        capture = guard.Guarded(start(ns, targets, by_pid, ns.interval, ns.max_events_per_sec))
+    what = "LWLock sleeps" if source == SCHED else "LWLock waits"
+    previous = None  # waits.bt's maps are running totals: a window is the difference
+    for snapshot, info in common.snapshots(capture, ns, what):
+        common.refresh_if_needed(targets, by_pid and snapshot.final)
+        if source == SCHED:
+            recs = sleep_records(snapshot, targets.cluster.major, bool(ns.interval), previous)
+            previous = snapshot
+        else:
+            recs = records(snapshot)
+        result = rows(recs, targets, by_pid)
+        stop = capture.stop if isinstance(capture, guard.Guarded) else None
+        emit(ns, result, snapshot, info, targets, by_pid, source, stop if snapshot.final else None)
+    return 0
+
+
+def emit(
+    ns: argparse.Namespace,
+    result: list[WaitRow],
+    snapshot: Snapshot,
+    info: RunInfo,
+    targets: Targets,
+    by_pid: bool,
+    source: str = USDT,
+    stop: guard.GuardStop | None = None,
+) -> None:
+    warning = unmatched_warning(snapshot) if source == USDT else sleeps_warning(snapshot)
+    if warning and warning not in info.warnings:
+        info.warnings.append(warning)
+    extra: dict[str, Any] = {"source": source}
+    if source == SCHED:
+        extra.update(measures="sleeps", mode="unknown", title=SLEEPS_TITLE)
+    else:
+        limit = getattr(ns, "max_events_per_sec", 0)
+        extra.update(stop.meta(limit) if stop else guard.no_guard_meta(limit))
+    meta = common.meta(targets, info, snapshot, interval=ns.interval, **extra)
+    if stop is not None:
+        print(stop.sentence(), file=sys.stderr, flush=True)
+    if ns.json:
+        common.print_json(NAME, meta, [r.as_json() for r in result])
+        if info.ended_early and snapshot.final:  # meta says it too; a script's log should
+            common.print_losses(RunInfo(ended_early=info.ended_early))
+        return
+    view.show(result, by_pid, meta, sleeps=source == SCHED, interval=ns.interval)
+    common.print_losses(info)

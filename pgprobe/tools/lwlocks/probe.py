@@ -1,0 +1,137 @@
+"""What `pgprobe lwlocks` asks the probe: bpf/lwlock_wait.bt (d/lwlock_wait.d), or waits.bt.
+
+Two sources give the same rows. USDT: the LWLock wait probes time every wait, keyed
+by (pid, tranche, mode). SCHED, on a build without the probes (or --source sched):
+`pgprobe waits`' capture (bpf/waits.bt, PostgreSQL 14+), whose LWLock-class sleeps
+are taken as the waits (records.sleep_records). `start` and `check_server` are what
+triage and serve call too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pgprobe import usdt, waitevents
+from pgprobe.discover import Targets
+from pgprobe.engines.base import Capture, KeyKind, MapSpec
+from pgprobe.errors import EXIT_ENV, EXIT_USAGE, PgprobeError
+from pgprobe.tools import common
+from pgprobe.tools.waits import probe as waits_probe
+from pgprobe.waitevents import address
+
+SCRIPT = "lwlock_wait"  # bpf/lwlock_wait.bt, d/lwlock_wait.d
+PROBES = ("lwlock__wait__start", "lwlock__wait__done")
+MIN_MAJOR = 13  # names in the probe equal pg_stat_activity's wait_event from 13 on
+
+KEY: tuple[KeyKind, ...] = ("int", "str", "str")  # pid (0 unless keyed by pid), tranche, mode
+MAPS = (
+    MapSpec("wait_stats", KEY),
+    MapSpec("wait_max_ns", KEY, combine="max"),
+    MapSpec("wait_ns", KEY),
+    MapSpec("wait_unfinished", ()),
+)
+# Where the figures come from: the LWLock wait probes, or the scheduler (sleeps).
+USDT, SCHED = "usdt", "sched_switch"
+
+# The --max-events-per-sec guard (USDT source only). Each probe fire (two per wait)
+# costs about FIRE_COST_US of CPU on the 2-CPU VM of docs/benchmarks.md (bench2,
+# contention workload: BPF 0.6-2 us + the uprobe trap ~16 us, 16.9-17.3 us all in),
+# paid as long as the probes are attached: only detaching bounds it. 1,000 fires/s
+# x 17 us = 1.7 % of one CPU, the default bound; 0 turns the guard off.
+FIRE_COST_US = 17
+DEFAULT_MAX_FIRES_PER_S = 1000
+# Above 2**31 the script's comparison would be meaningless; no server gets near it.
+MAX_FIRES_LIMIT = 2**31 - 1
+
+
+def pick_source(ns: argparse.Namespace, targets: Targets) -> str:
+    """USDT or SCHED for this server, as asked (--source) or as available (auto)."""
+    cluster = targets.cluster
+    wanted = getattr(ns, "source", "auto")
+    if wanted == "auto":
+        present = usdt.probe_names(cluster.binary)
+        with_probes = all((usdt.PROVIDER, name) in present for name in PROBES)
+        old = bool(cluster.version_num) and cluster.major < min(waitevents.MAJORS)
+        wanted = "usdt" if with_probes or old else "sched"
+        if wanted == "sched":
+            print(
+                f"pgprobe: note: {cluster.binary} has no LWLock USDT probes: showing LWLock "
+                "sleeps from the scheduler instead (sleeps, not waits; mode unknown)",
+                file=sys.stderr,
+            )
+    if wanted == "usdt":
+        check_server(targets)
+        return USDT
+    if getattr(ns, "engine", "auto") == "dtrace":
+        raise PgprobeError(
+            "lwlocks --source sched needs bpftrace (no DTrace twin of bpf/waits.bt yet)",
+            EXIT_USAGE,
+        )
+    waits_probe.check_server(targets)
+    return SCHED
+
+
+def check_server(targets: Targets) -> None:
+    cluster = targets.cluster
+    if cluster.version_num and cluster.major < MIN_MAJOR:
+        raise PgprobeError(
+            f"lwlocks supports PostgreSQL {MIN_MAJOR} and later; this server is "
+            f"{cluster.version}: before 13 the lwlock__wait__start probe names individual "
+            "locks 'main' (11-12) or passes a tranche number (10 and older)",
+            EXIT_ENV,
+        )
+    usdt.require(cluster.binary, PROBES)
+    for foreign in usdt.foreign_uprobes(cluster.binary, PROBES):
+        print(f"pgprobe: warning: {foreign.describe()}", file=sys.stderr)
+
+
+def script_args(
+    targets: Targets, by_pid: bool, interval: int | None, max_fires_per_s: int = 0
+) -> list[int | Path]:
+    """$1 binary, $2 postmaster, $3 key by pid, $4 interval, $5 single pid, $6 the guard."""
+    cluster = targets.cluster
+    single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
+    # A subset of several pids is filtered here in Python, from per-pid keys.
+    key_by_pid = by_pid or (not targets.whole_cluster and not single)
+    guard = int(max_fires_per_s)  # a validated int (command.py), never user text
+    return [
+        Path(cluster.binary),
+        cluster.postmaster_pid,
+        int(key_by_pid),
+        interval or 0,
+        single,
+        guard,
+    ]
+
+
+def start_sleeps(ns: argparse.Namespace, targets: Targets, interval: int | None) -> Capture:
+    """bpf/waits.bt for the targets (the SCHED source), ready to run."""
+    cluster = targets.cluster
+    where = address.find(cluster.postmaster_pid, cluster.binary)
+    args = waits_probe.script_args(targets, where, interval)
+    return common.capture(ns, waits_probe.SCRIPT, args, waits_probe.MAPS, env=waits_probe.ENV)
+
+
+def start(
+    ns: argparse.Namespace,
+    targets: Targets,
+    by_pid: bool,
+    interval: int | None,
+    max_fires_per_s: int = 0,
+) -> Capture:
+    """lwlock_wait for the targets, ready to run (iterate its events).
+
+    max_fires_per_s: the guard (0: none). Triage and serve call this without it: a
+    capture that ends itself would cut their fixed windows (triage's parts share one
+    window; serve's stream of windows would stop).
+    """
+    return common.capture(
+        ns,
+        SCRIPT,
+        script_args(targets, by_pid, interval, max_fires_per_s),
+        MAPS,
+        env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
+        cluster_pid=targets.cluster.postmaster_pid,
+    )

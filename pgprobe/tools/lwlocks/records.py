@@ -1,0 +1,205 @@
+"""What comes back from `pgprobe lwlocks`: wait records per (pid, tranche, mode), and rows.
+
+The kernel times every wait and keeps, per (pid, tranche, mode), the count, the
+total, the max and a log2 histogram; rows are those grouped per (tranche, mode) or
+per (pid, tranche, mode), sorted by total wait time, with percentiles estimated from
+the histogram. From the SCHED source the records are the LWLock-class sleeps of
+bpf/waits.bt: sleeps (switch-out to wakeup), not waits (a wait also spins and queues
+before it sleeps and runs again after its wakeup, so the sleep time is a bit lower),
+and the mode is unknown. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pgprobe import histogram, waitevents
+from pgprobe.discover import Targets
+from pgprobe.engines.base import Log2Hist, Snapshot, Stats
+from pgprobe.tools.lwlocks.probe import MAPS
+from pgprobe.tools.waits import records as waits_records
+
+# Unfinished waits beyond this and beyond 5 % of the waits: the done probe missed some.
+UNFINISHED_MIN = 10
+UNFINISHED_SHARE = 0.05
+# What the SCHED source measures, as the title and meta.title say it.
+SLEEPS_TITLE = "LWLock sleeps (from the scheduler: sleeps, not waits; mode unknown)"
+
+
+@dataclass(frozen=True)
+class WaitRecord:
+    """What the kernel aggregated for one (pid, tranche, mode)."""
+
+    pid: int
+    tranche: str
+    mode: str
+    waits: int
+    total_ns: int
+    max_ns: int
+    hist: Log2Hist
+
+
+@dataclass(frozen=True)
+class WaitRow:
+    """One line of the table (and one JSON row)."""
+
+    tranche: str
+    mode: str
+    waits: int
+    total_ns: int
+    max_ns: int
+    hist: Log2Hist
+    share: float  # of all wait time in the snapshot, 0..1
+    pid: int | None = None
+    backend_type: str = ""
+    application_name: str = ""
+
+    def percentile_us(self, fraction: float) -> float:
+        return histogram.percentile(self.hist, fraction, self.max_ns) / 1000
+
+    def as_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        if self.pid is not None:
+            row.update(
+                pid=self.pid,
+                backend_type=self.backend_type,
+                application_name=self.application_name,
+            )
+        row.update(
+            tranche=self.tranche,
+            mode=self.mode,
+            waits=self.waits,
+            total_us=round(self.total_ns / 1000, 3),
+            avg_us=round(self.total_ns / self.waits / 1000, 3) if self.waits else 0.0,
+            p50_us=round(self.percentile_us(0.50), 3),
+            p95_us=round(self.percentile_us(0.95), 3),
+            p99_us=round(self.percentile_us(0.99), 3),
+            max_us=round(self.max_ns / 1000, 3),
+            share_pct=round(100 * self.share, 2),
+        )
+        return row
+
+
+def unmatched_warning(snapshot: Snapshot) -> str | None:
+    """Waits that started and never ended in the probe: a site that did not attach.
+
+    Every lwlock__wait__start is followed by an lwlock__wait__done in the same
+    backend. A backend caught mid-wait when the probes attach leaves one
+    unfinished wait at most; many more mean the done probe is not attached
+    everywhere (e.g. another uprobe without the USDT semaphore on one of its
+    sites): those waits are missing from the table, so say it.
+    """
+    unfinished = snapshot.get("wait_unfinished").get((), 0)
+    assert isinstance(unfinished, int)
+    waits = sum(v.count for v in snapshot.get("wait_stats").values() if isinstance(v, Stats))
+    never_done = waits == 0 and unfinished > 1  # the done probe never fired at all
+    many = unfinished > UNFINISHED_MIN and unfinished > UNFINISHED_SHARE * (waits + unfinished)
+    if not (never_done or many):
+        return None
+    return (
+        f"{unfinished:,} LWLock waits started and never ended in the probe "
+        f"(lwlock__wait__done fired for {waits:,}): they are missing from the table; a probe "
+        "site did not attach or stopped firing (`pgprobe doctor` lists other uprobes on the "
+        "server's probe sites)"
+    )
+
+
+def sleeps_warning(snapshot: Snapshot) -> str | None:
+    """Scheduler events bpf/waits.bt knows it missed (the sleeps' figures are short)."""
+    unseen = waits_records.unseen(snapshot)
+    return waits_records.lost_warning(unseen, waits_records.gap_ns(snapshot) / 1e6)
+
+
+def records(snapshot: Snapshot) -> list[WaitRecord]:
+    stats, maxes, hists = (snapshot.get(m.name) for m in MAPS[:3])
+    out = []
+    for key, value in stats.items():
+        assert isinstance(value, Stats)
+        pid, tranche, mode = key
+        max_ns = maxes.get(key, 0)
+        hist = hists.get(key, Log2Hist(()))
+        assert isinstance(max_ns, int) and isinstance(hist, Log2Hist)
+        assert isinstance(pid, int) and isinstance(tranche, str) and isinstance(mode, str)
+        out.append(WaitRecord(pid, tranche, mode, value.count, value.total, max_ns, hist))
+    return out
+
+
+def _sleep_ns(snapshot: Snapshot | None) -> dict[tuple[int, int], int]:
+    """(tid, wait_event_info) -> ns asleep: @wait_ns plus the running totals in @task."""
+    out = waits_records.pending_waits(snapshot)
+    for key, ns in (snapshot.get("wait_ns") if snapshot is not None else {}).items():
+        tid, wei = key
+        assert isinstance(tid, int) and isinstance(wei, int) and isinstance(ns, int)
+        out[(tid, wei)] = out.get((tid, wei), 0) + ns
+    return out
+
+
+def sleep_records(
+    snapshot: Snapshot, major: int, clipped: bool, previous: Snapshot | None = None
+) -> list[WaitRecord]:
+    """The LWLock-class sleeps of a bpf/waits.bt snapshot, as WaitRecords (mode unknown).
+
+    waits = complete sleeps (the histogram's count); total = the sleep time
+    charged in the window; max = the top bound of the highest histogram
+    bucket (waits.bt keeps no exact max): an upper bound within 2x, and at
+    most the total unless `clipped` (with --interval a sleep that began in an
+    earlier window is longer than the time charged to this one). With --interval
+    waits.bt prints running totals: a window is this snapshot minus `previous`.
+    """
+    classes = waitevents.table(major)["classes"]
+    lwlock_class = next(int(c) for c, name in classes.items() if name == "LWLock")
+    hists = snapshot.get("wait_hist")
+    before_hists = previous.get("wait_hist") if previous is not None else {}
+    # waits.bt keeps a live task's time in its last wait event in @task, not @wait_ns
+    charged, before = _sleep_ns(snapshot), _sleep_ns(previous)
+    out = []
+    for key, total in charged.items():
+        tid, wei = key
+        if wei >> 24 != lwlock_class:
+            continue
+        total -= before.get(key, 0)
+        hist = hists.get(key, Log2Hist(()))
+        old = before_hists.get(key, Log2Hist(()))
+        assert isinstance(hist, Log2Hist) and isinstance(old, Log2Hist)
+        hist = waits_records.hist_minus(hist, old)
+        if total <= 0 and not hist.count:
+            continue
+        top = max((high for _, high, count in hist.buckets if count), default=0)
+        top = top if clipped else min(top, total)
+        tranche = waitevents.name(major, wei)[1]
+        out.append(WaitRecord(tid, tranche, "unknown", hist.count, total, top, hist))
+    return out
+
+
+def rows(recs: Iterable[WaitRecord], targets: Targets, by_pid: bool) -> list[WaitRow]:
+    """Records of the targets, grouped per (tranche, mode) or per (pid, tranche, mode)."""
+    wanted = None if targets.whole_cluster else set(targets.pids)
+    groups: dict[tuple[int | None, str, str], list[WaitRecord]] = defaultdict(list)
+    for rec in recs:
+        if wanted is not None and rec.pid and rec.pid not in wanted:
+            continue
+        groups[(rec.pid if by_pid else None, rec.tranche, rec.mode)].append(rec)
+    grand_total = sum(r.total_ns for group in groups.values() for r in group)
+    out = []
+    for (pid, tranche, mode), group in groups.items():
+        total = sum(r.total_ns for r in group)
+        backend = targets.describe(pid) if pid is not None else None
+        out.append(
+            WaitRow(
+                tranche=tranche,
+                mode=mode,
+                waits=sum(r.waits for r in group),
+                total_ns=total,
+                max_ns=max(r.max_ns for r in group),
+                hist=histogram.merge(r.hist for r in group),
+                share=total / grand_total if grand_total else 0.0,
+                pid=pid,
+                backend_type=backend.backend_type if backend else "",
+                application_name=backend.application_name if backend else "",
+            )
+        )
+    out.sort(key=lambda r: (-r.total_ns, r.tranche, r.mode, r.pid or 0))
+    return out

@@ -1,0 +1,56 @@
+"""One window of bpf/waits.bt as pgprobe waits' time-model rows, per process, named.
+
+pgprobe waits decides which processes are the cluster's and names them once per
+capture; the agent does it every window, for a cluster whose backends come and
+go, so it keeps what it learnt (pid -> backend type) only for the pids of the
+last window: memory stays bounded by the processes alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pgprobe import proc
+from pgprobe.discover import Targets
+from pgprobe.engines.base import Snapshot
+from pgprobe.tools.waits import records as waits_records
+from pgprobe.tools.waits import targets as waits_targets
+
+# Past this many exited processes in waits.bt's maps (running totals) the agent starts
+# the tracer again, said in one line and counted as a restart (shared with pgprobe waits).
+RECYCLE_AFTER_EXITED = waits_records.RECYCLE_AFTER_EXITED
+exited = waits_records.exited
+
+
+@dataclass
+class TimeModel:
+    targets: Targets
+    types: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (type, app)
+    previous: Snapshot | None = None  # the last window's (the maps are cumulative)
+    lost_events: int = 0  # what waits.bt knows it missed in the last window
+
+    def describe(self, pid: int) -> tuple[str, str]:
+        if pid not in self.types:
+            self.types[pid] = waits_targets.describe(self.targets)(pid)
+        return self.types[pid]
+
+    def rows(self, snapshot: Snapshot) -> list[waits_records.Row]:
+        """The window's time model by pid (the caller sums it per backend type).
+
+        The maps are cumulative since the capture began: a window is the
+        difference of this snapshot and the last (records.since()), cut at
+        their @now_ns. The pids found at discovery that still exist are passed
+        as targets: one asleep since before the capture, never woken, has no
+        event to show it (its window is "asleep since before capture"). A pid
+        born later has its fork in @task.
+        """
+        alive = [pid for pid in self.targets.pids if proc.exists(pid)]
+        is_ours = waits_targets.ours(self.targets)
+        previous, self.previous = self.previous, snapshot
+        procs = waits_records.since(previous, snapshot, alive, is_ours)
+        self.lost_events = sum(waits_records.unseen(snapshot, previous).values())
+        major = self.targets.cluster.major
+        out = waits_records.rows(procs, major, by_pid=True, describe=self.describe)
+        seen = {p.pid for p in procs}
+        self.types = {pid: t for pid, t in self.types.items() if pid in seen}
+        return out

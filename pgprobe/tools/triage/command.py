@@ -1,0 +1,141 @@
+"""`pgprobe triage`: the CLI glue: options, the window, findings, the report, the summary.
+
+The time-model part (`pgprobe waits`' probe) is started here, with the helpers it needs
+around the capture (run counts before it, the processes asleep all along, which tasks
+are ours, names) from pgprobe.tools.waits.targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pgprobe.discover import Targets
+from pgprobe.engines.base import RunInfo, Snapshot
+from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.findings import findings_json
+from pgprobe.render import flamegraph, report
+from pgprobe.tools import common, flame, profiling
+from pgprobe.tools.triage import parts, records, view
+from pgprobe.tools.triage.window import NAME, capture_window
+from pgprobe.tools.waits import probe as waits_probe
+from pgprobe.tools.waits import records as waits_records
+from pgprobe.tools.waits import targets as waits_targets
+from pgprobe.waitevents import address
+
+DEFAULT_DURATION_S = 30.0
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="everything at once over N seconds, as one HTML report",
+        description="Capture the time model (on CPU, waiting for a CPU, each wait event), CPU "
+        "samples, LWLock waits, SLRU reads and PostgreSQL's own statistics over the same "
+        "window, and write a self-contained HTML report with findings first.",
+    )
+    common.add_tracing_arguments(parser, default_duration=DEFAULT_DURATION_S)
+    parser.add_argument(
+        "-F",
+        "--hz",
+        type=profiling.hz_value,
+        default=profiling.DEFAULT_HZ,
+        help=f"CPU sampling rate (default {profiling.DEFAULT_HZ})",
+    )
+    profiling.add_unwind_argument(parser)
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="the HTML report (default pgprobe-triage-<time>.html here)",
+    )
+    parser.set_defaults(run=run, kernel=False)
+
+
+def run(ns: argparse.Namespace) -> int:
+    output = _output_path(ns)
+    targets = common.prepare(ns, lambda _targets: None)
+    if targets.cluster.conninfo is None:
+        raise PgprobeError("triage needs a connection to PostgreSQL (-h/-p/-U)", EXIT_USAGE)
+    doc = capture_window(ns, targets, STARTERS)
+    profile = doc.pop("_profile", None)
+    flame_svg = None
+    if profile is not None:
+        flame_svg = flamegraph.render_svg(
+            doc["flame"]["folded"],
+            title=flame.default_title(profile),
+            subtitle=profile.facts(),
+            module_of=flame.module_classifier(set()),
+        )
+    doc["findings"] = findings_json(doc)
+    if ns.json:
+        print(json.dumps(doc))
+    html = report.render_html(doc, flame_svg)
+    try:
+        output.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise PgprobeError(f"cannot write {output}: {exc.strerror or exc}", EXIT_USAGE) from None
+    if not ns.json:
+        view.print_summary(doc, output)
+    else:
+        print(f"pgprobe: report written to {output}", file=sys.stderr)
+    return 0
+
+
+def _output_path(ns: argparse.Namespace) -> Path:
+    if ns.output:
+        path = Path(ns.output)
+        if path.is_dir() or not path.parent.exists():
+            raise PgprobeError(f"cannot write the report to {ns.output}", EXIT_USAGE)
+        return path
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(f"pgprobe-triage-{stamp}.html")
+
+
+def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
+    """The time model (bpf/waits.bt) over the window, as `pgprobe waits` takes it."""
+    waits_probe.check_server(targets)
+    cluster = targets.cluster
+    where = address.find(cluster.postmaster_pid, cluster.binary)
+    runs_before = waits_targets.run_counts(targets.pids)
+    args = waits_probe.script_args(targets, where, None)
+    capture = common.capture(ns, waits_probe.SCRIPT, args, waits_probe.MAPS, env=waits_probe.ENV)
+
+    def section(snapshot: Snapshot, info: RunInfo) -> dict[str, Any]:
+        slept_in = waits_targets.asleep_all_along(targets, runs_before)
+        procs = waits_records.records(snapshot, targets.pids, waits_targets.ours(targets), slept_in)
+        if not targets.whole_cluster:
+            procs = [p for p in procs if p.pid in targets.pids]
+        start, end = waits_records.window(snapshot)
+        meta = common.meta(
+            targets,
+            info,
+            snapshot,
+            window_s=round((end - start) / 1e9, 6),
+            processes=len(procs),
+            process_seconds=round(sum(p.wall_ns for p in procs) / 1e9, 6),
+            exited_pids=[p.pid for p in procs if p.exited],
+            wait_event_address=hex(where.address),
+            asleep_all_along_pids=sorted(slept_in),
+            missed_runs=info.missed_runs,
+            unseen_events=waits_records.unseen(snapshot),
+        )
+        describe = waits_targets.describe(targets)
+        out = records.time_model_section(procs, targets.cluster.major, describe, meta)
+        out["_lost"] = sum(meta["unseen_events"].values())  # counted in meta.losses
+        return out
+
+    return parts.Part("waits", capture, section, late=True)
+
+
+# The parts, the time model first (its section comes first in the report).
+STARTERS: list[tuple[str, parts.Starter]] = [
+    ("waits", waits_part),
+    ("profile", parts.profile_part),
+    ("lwlocks", parts.lwlocks_part),
+    ("clog_reads", parts.clog_part),
+]

@@ -1,0 +1,67 @@
+"""waits.bt keeps a live task's running totals in its @task entry (fields 4-8: on CPU,
+runqueue after a preemption and after a wakeup, the wait event it last slept in and the
+time asleep in it), not in @cpu_ns / @runq_ns / @wait_ns, which get them when it exits
+or (the wait) when the event changes. Pure: the readers add them, in one window and in
+the difference of two (interval mode), for `waits` and for `lwlocks --source sched`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgprobe import waitevents
+from pgprobe.engines.base import Snapshot
+from pgprobe.tools.lwlocks.records import sleep_records
+from pgprobe.tools.waits import records
+
+CLIENT_READ = 0x06000000
+WAL_INSERT = 0x01000037  # LWLock:WALInsert on 15
+
+
+def snapshot(now: int, task: tuple[int, ...], wait_ns: dict[Any, Any]) -> Snapshot:
+    return Snapshot(
+        maps={
+            "window_ns": {(): 1_000},
+            "now_ns": {(): now},
+            "cpu_ns": {(7,): 100},  # charged before (an earlier life of the map)
+            "runq_ns": {(7, records.WOKEN): 10},
+            "wait_ns": wait_ns,
+            "task": {(7,): task, (8,): (0, records.NOT_OURS, 0, 0, 0, 0, 0, 0, 0)},
+        }
+    )
+
+
+def test_running_totals_in_task_are_added() -> None:
+    # asleep in ClientRead since 9,000; totals: 2,000 on CPU, 300 + 400 runnable,
+    # 5,000 in WALInsert (its last event) besides what @wait_ns had
+    task = (9_000, records.ASLEEP, CLIENT_READ, 0, 2_000, 300, 400, WAL_INSERT, 5_000)
+    snap = snapshot(10_000, task, {(7, WAL_INSERT): 700, (7, CLIENT_READ): 50})
+    (p,) = records.records(snap, [], lambda pid: pid == 7)
+    assert p.cpu_ns == 2_100
+    assert p.runq_ns == {records.PREEMPTED: 300, records.WOKEN: 410}
+    # ClientRead: the map's 50 plus the open sleep (10,000 - 9,000)
+    assert p.wait_ns == {WAL_INSERT: 5_700, CLIENT_READ: 1_050}
+
+
+def test_interval_windows_are_differences_of_the_totals() -> None:
+    """The event changed between two prints: the running total moved to @wait_ns."""
+    first = snapshot(10_000, (9_500, records.ON_CPU, 0, 0, 2_000, 0, 0, WAL_INSERT, 5_000), {})
+    second = snapshot(
+        20_000,
+        (19_000, records.ON_CPU, 0, 0, 6_000, 0, 0, CLIENT_READ, 3_000),
+        {(7, WAL_INSERT): 5_000},
+    )
+    (p,) = records.since(first, second, [], lambda pid: pid == 7)
+    assert p.wait_ns == {CLIENT_READ: 3_000}
+    assert p.cpu_ns == (6_000 + 1_000) - (2_000 + 500)
+
+
+def test_lwlocks_sleeps_include_the_running_total() -> None:
+    assert waitevents.name(15, WAL_INSERT) == ("LWLock", "WALInsert")
+    task = (9_000, records.ON_CPU, 0, 0, 0, 0, 0, WAL_INSERT, 5_000)
+    snap = snapshot(10_000, task, {(7, WAL_INSERT): 700, (7, CLIENT_READ): 50})
+    (rec,) = sleep_records(snap, 15, clipped=False)
+    assert (rec.pid, rec.tranche, rec.total_ns) == (7, "WALInsert", 5_700)
+    later = snapshot(20_000, (19_000, records.ON_CPU, 0, 0, 0, 0, 0, WAL_INSERT, 9_000),
+                     {(7, WAL_INSERT): 700})  # fmt: skip
+    (rec,) = sleep_records(later, 15, clipped=True, previous=snap)
+    assert rec.total_ns == 4_000
