@@ -85,6 +85,16 @@ TRIAGE_FIXTURES = Path(__file__).parent / "fixtures" / "triage"
 
 
 @functools.cache
+def steal_ticks() -> int:
+    """The machine's steal time (the hypervisor ran another guest) in /proc/stat ticks."""
+    return int(Path("/proc/stat").read_text().split("\n", 1)[0].split()[8])
+
+
+def steal_seconds_since(ticks_before: int) -> float:
+    """Steal time since a steal_ticks() reading, rounded up by one tick, in seconds."""
+    return (steal_ticks() - ticks_before + 1) / os.sysconf("SC_CLK_TCK")
+
+
 def _recorded_triage(name: str) -> str:
     return (TRIAGE_FIXTURES / f"{name}.json").read_text(encoding="utf-8")
 

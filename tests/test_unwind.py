@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, need, perf_event_fds, run_pgprobe
+from helpers import CHECKOUT, need, perf_event_fds, run_pgprobe, steal_seconds_since, steal_ticks
 
 from pgprobe import proc
 from pgprobe.pgbuilds import PgBuild
@@ -65,6 +65,15 @@ def cpu_seconds(pid: int) -> float:
     utime + stime are tick samples that drift on a busy machine)."""
     with open(f"/proc/{pid}/schedstat") as f:
         return int(f.read().split()[0]) / 1e9
+
+
+def assert_samples(samples: int, cpu_s: float, steal_s: float, detail: object = "") -> None:
+    """samples = CPU time x 99 Hz within 10 %, where the upper side may add the machine's
+    steal in the window: the sampling timer counts wall time on a CPU, schedstat does
+    not count the time the hypervisor ran another guest (CONFIG_PARAVIRT_TIME_ACCOUNTING;
+    CI saw 165 and 168 samples for 1.5 s of CPU, 11-12 % over)."""
+    low, high = 0.90 * cpu_s * 99, 1.10 * (cpu_s + steal_s) * 99
+    assert low <= samples <= high, (samples, cpu_s, steal_s, detail)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +149,7 @@ def busy_debian(debian_cluster: PgCluster) -> Iterator[int]:
 
 
 def capture(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: int = 99
-            ) -> tuple[dict[str, Any], str, float]:  # fmt: skip
+            ) -> tuple[dict[str, Any], str, float, float]:  # fmt: skip
     """pgprobe flame --json of one backend until it used cpu_target s of CPU.
 
     Returns (document, stderr, the backend's CPU seconds while sampled). The backend is
@@ -174,18 +183,18 @@ def _capture_window(cluster: PgCluster, pid: int, unwind: str, cpu_target: float
         time.sleep(0.05)
     time.sleep(0.5)  # perf opens its events, then enables them
     # CPU time, not wall time: the machine is shared, the backend may get a small share.
-    before = cpu_seconds(pid)
+    before, steal_before = cpu_seconds(pid), steal_ticks()
     os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + 120
     while cpu_seconds(pid) - before < cpu_target and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(pid, signal.SIGSTOP)
     time.sleep(0.1)
-    cpu_s = cpu_seconds(pid) - before
+    cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
     probe.send_signal(signal.SIGINT)
     out, err = probe.communicate(timeout=120)
     assert probe.returncode == 0, err
-    return json.loads(out), err, cpu_s
+    return json.loads(out), err, cpu_s, steal_s
 
 
 def shares(stacks: list[tuple[list[str], int]]) -> tuple[int, dict[str, float]]:
@@ -236,7 +245,7 @@ def test_dwarf_stacks_on_each_build(
     gen = busy_backend(build_cluster)
     pid = next(gen)
     try:
-        doc, err, cpu_s = capture(build_cluster, pid, "dwarf", 2.0)
+        doc, err, cpu_s, steal_s = capture(build_cluster, pid, "dwarf", 2.0)
         _, theirs = shares(perf_stacks(perf, pid, 4.0, tmp_path))
         done = run_pgprobe(["hot", *build_cluster.conn_args, "--unwind", "dwarf", "--pid",
                             str(pid), "-d", "2", "--json", "--top", "0"])  # fmt: skip
@@ -251,7 +260,7 @@ def test_dwarf_stacks_on_each_build(
     cost = f"{meta['bytes_per_sample']} bytes/sample, {meta['unwind_cpu_s']} s to unwind"
     print(f"[{pg_build.id}] samples {total}, CPU {cpu_s:.2f} s x 99 Hz = {expected:.0f}; {cost}")
     assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
-    assert abs(total - expected) <= 0.10 * expected, (total, expected)
+    assert_samples(total, cpu_s, steal_s)
     whole = sum(n for frames, n in stacks if ROOTS & {f.rsplit("`", 1)[-1] for f in frames})
     assert whole >= 0.90 * total, (whole, total, meta["truncated_reasons"])
     compared = EXPORTED_QUERY_FUNCTIONS if pg_build.stripped else QUERY_FUNCTIONS
@@ -284,7 +293,7 @@ def test_dwarf_stacks_on_each_build(
 def test_frame_pointer_walk_says_where_it_was_cut(
     no_fp_cluster: PgCluster, busy_no_fp: int
 ) -> None:
-    doc, err, _ = capture(no_fp_cluster, busy_no_fp, "fp", 1.0)
+    doc, err, *_ = capture(no_fp_cluster, busy_no_fp, "fp", 1.0)
     meta = doc["meta"]
     assert meta["unwind"] == "fp"
     stacks = pgprobe_stacks(doc)
@@ -302,14 +311,14 @@ def test_frame_pointer_walk_says_where_it_was_cut(
 def test_auto_chooses_dwarf_without_frame_pointers(
     no_fp_cluster: PgCluster, busy_no_fp: int
 ) -> None:
-    doc, err, _ = capture(no_fp_cluster, busy_no_fp, "auto", 0.3)
+    doc, err, *_ = capture(no_fp_cluster, busy_no_fp, "auto", 0.3)
     assert doc["meta"]["unwind"] == "dwarf"
     assert "lack frame pointers" in doc["meta"]["unwind_reason"]
     assert "pgprobe: stacks: DWARF" in err
 
 
 def test_debian_md5_stands_on_the_executor(debian_cluster: PgCluster, busy_debian: int) -> None:
-    doc, _, _ = capture(debian_cluster, busy_debian, "dwarf", 1.5)
+    doc, *_ = capture(debian_cluster, busy_debian, "dwarf", 1.5)
     stacks = pgprobe_stacks(doc)
     total = sum(n for _, n in stacks)
     md5 = [(f, n) for f, n in stacks if "md5_text" in f]
@@ -421,6 +430,7 @@ def test_whole_cluster_dwarf_names_a_backend_that_exited(no_fp_cluster: PgCluste
         assert time.monotonic() < deadline, "perf did not start sampling"
         time.sleep(0.05)
     time.sleep(0.5)
+    steal_before = steal_ticks()
     with no_fp_cluster.connect() as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
@@ -439,6 +449,7 @@ def test_whole_cluster_dwarf_names_a_backend_that_exited(no_fp_cluster: PgCluste
         thread.join(30)
         time.sleep(0.2)
         cpu_s = cpu_seconds(pid)  # all of its life was sampled: it was forked after perf began
+        steal_s = steal_seconds_since(steal_before)
     time.sleep(1.0)  # the backend is gone before the capture ends
     assert not os.path.exists(f"/proc/{pid}")
     probe.send_signal(signal.SIGINT)
@@ -450,8 +461,9 @@ def test_whole_cluster_dwarf_names_a_backend_that_exited(no_fp_cluster: PgCluste
         if stack.startswith(f"pid {pid}: "):
             mine[stack] = int(n)
     total = sum(mine.values())
-    print(f"exited backend: {total} samples for {cpu_s:.2f} s of CPU at 99 Hz")
-    assert abs(total - cpu_s * 99) <= 0.10 * cpu_s * 99, (total, cpu_s, err)
+    print(f"exited backend: {total} samples for {cpu_s:.2f} s of CPU at 99 Hz; "
+          f"the machine's steal meanwhile {steal_s:.2f} s")  # fmt: skip
+    assert_samples(total, cpu_s, steal_s, err)
     assert all(k.startswith(f"pid {pid}: client backend") for k in mine), list(mine)[:3]
     whole = sum(n for k, n in mine.items() if ROOTS & set(k.split(";")))
     assert whole >= 0.9 * total

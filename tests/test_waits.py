@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, bpftrace_child, cluster_for, perf_event_fds
+from helpers import CHECKOUT, bpftrace_child, cluster_for, perf_event_fds, steal_ticks
 
 from pgprobe import waitevents
 from pgprobe.engines.base import Snapshot
@@ -162,11 +162,6 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
 
 
 PER_RUN_US = 50.0
-
-
-def steal_ticks() -> int:
-    """The machine's steal time (the hypervisor ran another guest) in /proc/stat ticks."""
-    return int(Path("/proc/stat").read_text().split("\n", 1)[0].split()[8])
 
 
 def near(measured: float, truth: float, pct: float = 2.0, floor: float = 0.0) -> bool:

@@ -65,3 +65,19 @@ def test_lwlocks_sleeps_include_the_running_total() -> None:
                      {(7, WAL_INSERT): 700})  # fmt: skip
     (rec,) = sleep_records(later, 15, clipped=True, previous=snap)
     assert rec.total_ns == 4_000
+
+
+def test_lost_warning_names_only_what_was_lost() -> None:
+    """One line, and only the kinds of events that were lost: no "0 switch-ins" beside
+    the breaks that were the only loss."""
+    none = {"switch_in": 0, "switch_out": 0, "wakeup": 0, "cpu_gaps": 0}
+    assert records.lost_warning(none, 0.0) is None
+    gaps = records.lost_warning({**none, "cpu_gaps": 3}, 1.25)
+    assert gaps is not None and gaps.startswith("events lost: 3 breaks of 1.2 ms")
+    assert "switch" not in gaps and "wakeups" not in gaps
+    switches = records.lost_warning({**none, "switch_out": 2}, 0.0)
+    assert switches == (
+        "events lost: 0 switch-ins and 2 switch-outs (those intervals are not accounted)"
+    )
+    wakeups = records.lost_warning({**none, "wakeup": 5}, 0.0)
+    assert wakeups is not None and "5 wakeups" in wakeups and "switch" not in wakeups

@@ -126,11 +126,14 @@ def lost_warning(lost: dict[str, int], gap_ms: float) -> str | None:
     """One line on the scheduler events the script knows it never saw, else None."""
     if not any(lost.values()):
         return None
-    parts = [
-        f"{lost['switch_in']} switch-ins and {lost['switch_out']} switch-outs (those "
-        "intervals are not accounted)",
-        f"{lost['wakeup']} wakeups (that runqueue time is charged to the wait event)",
-    ]
+    parts = []
+    if lost["switch_in"] or lost["switch_out"]:
+        parts.append(
+            f"{lost['switch_in']} switch-ins and {lost['switch_out']} switch-outs (those "
+            "intervals are not accounted)"
+        )
+    if lost["wakeup"]:
+        parts.append(f"{lost['wakeup']} wakeups (that runqueue time is charged to the wait event)")
     if lost["cpu_gaps"]:
         parts.append(
             f"{lost['cpu_gaps']} breaks of {gap_ms:.1f} ms in all when the kernel ran no "
