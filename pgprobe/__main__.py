@@ -1,3 +1,3 @@
-from pgprobe.cli import main
+from pgprobe.launch import main
 
 raise SystemExit(main())

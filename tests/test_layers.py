@@ -49,6 +49,7 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.errors", "base"),
     ("pgprobe.proc", "base"),
     ("pgprobe.timings", "base"),  # PGPROBE_TIMINGS phase marks, for every layer
+    ("pgprobe.priority", "base"),  # PGPROBE_TRACER_NICE, for the tracers and pgprobe itself
     ("pgprobe.stacks", "base"),
     ("pgprobe.symbolize", "base"),
     ("pgprobe.symbolize.*", "base"),
@@ -86,6 +87,7 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.render.*", "render"),
     ("pgprobe.cli", "cli"),
     ("pgprobe.__main__", "cli"),
+    ("pgprobe.launch", "cli"),
     ("pgprobe.sandbox", "cli"),
 )
 

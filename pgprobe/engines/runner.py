@@ -38,7 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from pgprobe import timings
+from pgprobe import priority, timings
 from pgprobe.engines.base import Event, RunInfo, TickCallback
 from pgprobe.errors import EXIT_TRACER, PgprobeError
 
@@ -387,40 +387,11 @@ def bpf_recursion_misses(pid: int) -> int:
 # The tracer's priority while it starts (compiles and attaches its probes) and while it
 # answers; 0 during the capture itself. On a saturated 2-CPU server its start waited
 # 2.0-2.3 s in the run queue for 0.25 s of CPU; at -10, 0.1 s (docs/benchmarks.md). The
-# tracer runs in a session of its own, hence an autogroup of its own where the kernel
-# has them (sched_autogroup_enabled): there the group's nice is what counts, and a
-# thread's nice only orders the threads of the group. Both are set. 0: leave it alone.
-DEFAULT_TRACER_NICE = -10
-
-
-def _tracer_nice(text: str | None) -> int:
-    """$PGPROBE_TRACER_NICE: -20..19; unset or not a number: the default."""
-    try:
-        return max(-20, min(19, int(text))) if text else DEFAULT_TRACER_NICE
-    except ValueError:
-        return DEFAULT_TRACER_NICE
-
-
-TRACER_NICE = _tracer_nice(os.environ.get("PGPROBE_TRACER_NICE"))
-
-
-def set_priority(pid: int, nice: int) -> None:
-    """nice for every thread of pid and for its autogroup (its own session's).
-
-    Without /proc/PID/task (not Linux), setpriority of the pid, which there is the
-    whole process. Nothing is said when it fails: the capture is the same, only slower.
-    """
-    if not TRACER_NICE:
-        return
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as f:
-        f.write(str(nice))
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        tids = [pid]
-    for tid in tids:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
+# tracer runs in a session of its own, hence an autogroup of its own: pgprobe.priority.
+DEFAULT_TRACER_NICE = priority.DEFAULT_NICE
+_tracer_nice = priority.configured_nice
+TRACER_NICE = priority.NICE
+set_priority = priority.set_priority
 
 
 # prctl is looked up here, in the parent: the child, between fork and exec, must not
