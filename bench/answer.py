@@ -114,7 +114,12 @@ def run_tool(
         env = {**os.environ, "PGPROBE_TIMINGS": "1"}
         started = time.monotonic()
         child = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=run_dir, env=env
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=run_dir,
+            env=env,
+            start_new_session=True,  # as a DBA's shell: not the session of the server and pgbench
         )
         assert child.stderr is not None
         err = child.stderr.read().decode(errors="replace")

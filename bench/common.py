@@ -252,7 +252,9 @@ def run_measured(
     argv: Sequence[str], stdout: IO[Any] | int | None = subprocess.DEVNULL
 ) -> Finished:
     started = time.time()
-    child = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, cwd=RUN_DIR)
+    child = subprocess.Popen(  # a session of its own, as from a DBA's shell
+        argv, stdout=stdout, stderr=subprocess.PIPE, cwd=RUN_DIR, start_new_session=True
+    )
     assert child.stderr is not None
     err = child.stderr.read()
     done = wait_measured(child, started)

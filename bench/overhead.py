@@ -386,6 +386,7 @@ class Tracer:
                 stdin=subprocess.DEVNULL,
                 cwd=common.RUN_DIR,
                 env={**os.environ, RUSAGE_ENV: str(rusage), TIMINGS_ENV: "1"},
+                start_new_session=True,  # a session of its own, as from a DBA's shell
             )
         try:
             self._window(child, argv, times, wait, bench, seconds, result, err_path)
