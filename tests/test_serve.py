@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, need, run_pgprobe
+from helpers import CHECKOUT, need, run_pgprobe, steal_seconds_since, steal_ticks
 from slru_workload import (
     CLUSTER_SETTINGS,
     XACT,
@@ -535,7 +535,7 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
     try:
         wait_for("the time model", lambda: scrape(port).get(ended, 0) > 0, 60)
         time.sleep(window + 0.5)
-        start = scrape(port)
+        start, steal_before = scrape(port), steal_ticks()
         last = start[ended]
         while scrape(port)[ended] == last:  # a window just ended
             time.sleep(0.05)
@@ -553,13 +553,15 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
         # the agent may fold a window seconds after bpftrace printed it.
         wait_for("the last window", lambda: (m := scrape(port))[ended] > done + window
                  and m[windows] >= folded + 2, 60)  # fmt: skip
-        end = scrape(port)
+        end, steal_s = scrape(port), steal_seconds_since(steal_before)
         got_sleep = end[slept] - start.get(slept, 0.0)
         got_cpu = end[oncpu] - start.get(oncpu, 0.0)
         print(f"pg_sleep {expected} s: {got_sleep:.4f} s in {end[sleeps] - start.get(sleeps, 0)} "
-              f"sleeps; schedstat {cpu_s:.4f} s: {got_cpu:.4f} s")  # fmt: skip
+              f"sleeps; schedstat {cpu_s:.4f} s: {got_cpu:.4f} s, steal {steal_s:.2f}")  # fmt: skip
         assert abs(got_sleep - expected) <= 0.02 * expected, got_sleep
         assert end[sleeps] - start.get(sleeps, 0.0) == 2
-        assert abs(got_cpu - cpu_s) <= 0.02 * cpu_s, (got_cpu, cpu_s)
+        # The tracepoints time the CPU in wall clock, schedstat leaves out the time the
+        # hypervisor ran another guest: over by up to the machine's steal (as test_waits).
+        assert 0.98 * cpu_s <= got_cpu <= 1.02 * cpu_s + steal_s, (got_cpu, cpu_s, steal_s)
     finally:
         stop_agent(agent)

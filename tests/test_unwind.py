@@ -152,7 +152,8 @@ def capture(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: in
             ) -> tuple[dict[str, Any], str, float, float]:  # fmt: skip
     """pgprobe flame --json of one backend until it used cpu_target s of CPU.
 
-    Returns (document, stderr, the backend's CPU seconds while sampled). The backend is
+    Returns (document, stderr, the backend's CPU seconds while sampled, the machine's steal
+    seconds meanwhile: assert_samples). The backend is
     held (SIGSTOP) while the sampler starts and stops, so that the window of the CPU time
     and the window of the samples are the same.
     """
@@ -164,7 +165,7 @@ def capture(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: in
 
 
 def _capture_window(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: int
-                    ) -> tuple[dict[str, Any], str, float]:  # fmt: skip
+                    ) -> tuple[dict[str, Any], str, float, float]:  # fmt: skip
     probe = subprocess.Popen(
         [sys.executable, "-m", "pgprobe", "flame", *cluster.conn_args, "--pid", str(pid),
          "--unwind", unwind, "-F", str(hz), "-d", "600", "--json"],
@@ -279,10 +280,11 @@ def test_dwarf_stacks_on_each_build(
           f"{rows.get('md5_text', {}).get('total_pct', 0):.1f} %")  # fmt: skip
     assert max(rows[r]["total_pct"] for r in ROOTS if r in rows) >= 90.0, hot["rows"][:5]
     # hot's 2 s window may give the backend little CPU on a shared machine (32 samples once):
-    # 10 points, or three standard deviations of a share of that many samples if wider.
+    # 10 points, or three standard deviations of the difference of two shares if wider (both
+    # are samples: CI saw 90.7 % of 193 against 80.4 % of 199, 10.3 points).
     p, n = ours["md5_text"] / 100, max(1, hot["meta"]["samples"])
     assert abs(rows["md5_text"]["total_pct"] - ours["md5_text"]) <= max(
-        10.0, 300 * math.sqrt(p * (1 - p) / n)
+        10.0, 300 * math.sqrt(p * (1 - p) * (1 / n + 1 / max(1, total)))
     )
     verdict = f"whole stacks, shares = perf's ({', '.join(compared[:2])})"
     if pg_build.stripped:
@@ -359,7 +361,7 @@ def test_code_mapped_after_the_capture_began_is_unwound(debian_cluster: PgCluste
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
         try:
-            doc, _, _ = _capture_window(debian_cluster, pid, "dwarf", 2.0, 99)
+            doc, *_ = _capture_window(debian_cluster, pid, "dwarf", 2.0, 99)
         finally:
             os.kill(pid, signal.SIGCONT)
             debian_cluster.sql(f"SELECT pg_cancel_backend({pid})")
