@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, need
+from helpers import CHECKOUT, need, steal_seconds_since, steal_ticks
 from slru_workload import (
     CLUSTER_SETTINGS,
     XACT,
@@ -228,9 +228,9 @@ def test_flame_counts_cpu_time_and_names_md5(
         args = ["--engine", "dtrace", "--pid", str(pid), "-F", str(hz), "-d", "600", "--folded"]
         run = Run(tmp_path, "flame", *cluster.conn_args, *args, dtrace=dtrace)
         attach_s = run.wait_attached("@@attached")
-        before = cpu_seconds(pid)
+        before, steal_before = cpu_seconds(pid), steal_ticks()
         run_query(cluster, conn, pid, 2.0, MD5_QUERY)
-        cpu_s = cpu_seconds(pid) - before
+        cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
         stopped = time.monotonic()
         run.process.send_signal(signal.SIGINT)
         out, err = run.process.communicate(timeout=300)
@@ -241,7 +241,8 @@ def test_flame_counts_cpu_time_and_names_md5(
     expected = cpu_s * hz
     print(f"attach {attach_s:.1f} s, stop {stop_s:.1f} s, samples {total}, expected {expected:.0f}")
     assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
-    assert abs(total - expected) <= 0.10 * expected, (total, expected)
+    # Over by up to the machine's steal: test_flame.assert_close.
+    assert 0.90 * expected <= total <= 1.10 * (cpu_s + steal_s) * hz, (total, expected, steal_s)
     for s, n in sorted(stacks.items(), key=lambda kv: -kv[1])[:6]:
         print(n, ";".join(s))
     # md5() is pg_md5_hash -> OpenSSL 3's EVP digest in libcrypto, which takes

@@ -37,7 +37,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, bpftrace_child, perf_event_fds, run_pgprobe
+from helpers import (
+    CHECKOUT,
+    bpftrace_child,
+    perf_event_fds,
+    run_pgprobe,
+    steal_seconds_since,
+    steal_ticks,
+)
 
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.render.flamegraph import parse_folded
@@ -143,8 +150,10 @@ def leaf(stack: tuple[str, ...]) -> str:
     return stack[-1]
 
 
-def assert_close(samples: int, cpu_s: float, hz: int) -> None:
-    """samples ~ CPU time x Hz, within 10 %.
+def assert_close(samples: int, cpu_s: float, hz: int, steal_s: float = 0.0) -> None:
+    """samples ~ CPU time x Hz, within 10 %; over by up to the machine's steal in the
+    window too (steal_s): the sampling timer runs on wall time, schedstat leaves out the
+    time the hypervisor ran another guest.
 
     Measured on this 2-CPU VM: within 1 % when the backend has a CPU to itself;
     +1 to +6 % (once +9 %) when it competes with many short-lived tasks (other
@@ -152,9 +161,11 @@ def assert_close(samples: int, cpu_s: float, hz: int) -> None:
     its share.
     """
     expected = cpu_s * hz
-    print(f"samples {samples}, expected {expected:.0f} ({cpu_s:.2f} s of CPU x {hz} Hz)")
+    print(f"samples {samples}, expected {expected:.0f} ({cpu_s:.2f} s of CPU x {hz} Hz), "
+          f"steal {steal_s:.2f} s")  # fmt: skip
     assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
-    assert abs(samples - expected) <= 0.10 * expected, (samples, expected, cpu_s)
+    low, high = 0.90 * expected, 1.10 * (cpu_s + steal_s) * hz
+    assert low <= samples <= high, (samples, expected, cpu_s, steal_s)
 
 
 @pytest.fixture
@@ -200,14 +211,14 @@ def test_flame_folded_is_the_query_and_counts_its_cpu_time(
     probe = start_pgprobe("flame", *cluster.conn_args, *FP, "--pid", str(pid), "-F", str(hz),
                           "-d", "60", "--folded")  # fmt: skip
     wait_sampling(probe)
-    before = cpu_seconds(pid)
+    before, steal_before = cpu_seconds(pid), steal_ticks()
     run_query(cluster, conn, pid, 2.0)  # idle before and after: all there is to sample
-    cpu_s = cpu_seconds(pid) - before
+    cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
     out, err = stop(probe)
 
     stacks = parse_folded(out)
     total = sum(stacks.values())
-    assert_close(total, cpu_s, hz)
+    assert_close(total, cpu_s, hz, steal_s)
     # The query's function dominates: most samples are in it, on a stack that says who ran it.
     in_hot = sum(n for s, n in stacks.items() if leaf(s) == HOT)
     assert in_hot >= 0.6 * total, sorted(stacks.items(), key=lambda kv: -kv[1])[:5]
@@ -278,6 +289,7 @@ def test_backend_that_exits_during_the_capture_is_named_per_backend(
                           "--per-backend")  # fmt: skip
     wait_sampling(probe)
     # A backend born after the capture started, that runs the query and exits.
+    steal_before = steal_ticks()
     with cluster.connect() as conn:
         conn.execute("SET jit = off")
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
@@ -287,7 +299,7 @@ def test_backend_that_exits_during_the_capture_is_named_per_backend(
         # Its whole life is inside the capture: its CPU time, read while it idles after the
         # query (once the connection closes it may be gone before /proc can be read), is
         # all there is to sample, but for the few microseconds of its exit.
-        cpu_s = cpu_seconds(pid)
+        cpu_s, steal_s = cpu_seconds(pid), steal_seconds_since(steal_before)
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -305,7 +317,7 @@ def test_backend_that_exits_during_the_capture_is_named_per_backend(
         f"pid {pid}: client backend"
     }
     total = sum(mine.values())
-    assert_close(total, cpu_s, hz)
+    assert_close(total, cpu_s, hz, steal_s)
     # Named by name after it exited: no bare addresses, the query's function on top.
     assert all(not HEX_FRAME.match(f) for s in mine for f in s)
     # (a sample taken while it exits has no user stack left: "[unknown]", and rare)
@@ -426,13 +438,13 @@ def test_flame_and_hot_name_the_leaves_on_each_build(
         probe = start_pgprobe("flame", *build_cluster.conn_args, "--pid", str(pid), "-F",
                               str(hz), "-d", "60", "--folded", *FP)  # fmt: skip
         wait_sampling(probe)
-        before = cpu_seconds(pid)
+        before, steal_before = cpu_seconds(pid), steal_ticks()
         run_query(build_cluster, conn, pid, 2.0)
-        cpu_s = cpu_seconds(pid) - before
+        cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
         out, err = stop(probe)
     stacks = parse_folded(out)
     total = sum(stacks.values())
-    assert_close(total, cpu_s, hz)
+    assert_close(total, cpu_s, hz, steal_s)
     leaves: dict[str, int] = {}
     for s, n in stacks.items():
         leaves[leaf(s)] = leaves.get(leaf(s), 0) + n

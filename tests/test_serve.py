@@ -478,12 +478,12 @@ def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
         wait_for("the CPU capture", lambda: scrape(port).get(up) == 1, 60)
         time.sleep(2.5)  # two windows: the counter is settled (the backends are idle)
         start = scrape(port).get(key, 0.0)
-        before = cpu_seconds(pid)
+        before, steal_before = cpu_seconds(pid), steal_ticks()
         run_query(cluster, conn, pid, 2.0)  # idle before and after: all there is to sample
-        cpu_s = cpu_seconds(pid) - before
+        cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
         time.sleep(2.5)  # the window holding the query's last samples has ended
         samples = scrape(port)[key] - start
-        assert_close(int(samples), cpu_s, hz)
+        assert_close(int(samples), cpu_s, hz, steal_s)
         # Backends that come and go are named too, their last window included (pgbench's
         # short check connection may be gone before a scan of /proc sees it: "unknown").
         unknown = 'pgprobe_cpu_samples_total{backend_type="unknown"}'
