@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import steal_seconds_since, steal_ticks
 from test_dtrace_live import Run, dtrace
 from test_waits import near, schedstat, settled, total_us
 
@@ -36,7 +37,7 @@ def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
         pg.connect() as intx,
     ):
         pid, intx_pid = sleeper.info.backend_pid, intx.info.backend_pid
-        before = settled({"sleeper": pid})["sleeper"]
+        before, steal_before = settled({"sleeper": pid})["sleeper"], steal_ticks()
         args = ["waits", *pg.conn_args, "--engine", "dtrace", "--by", "pid", "-d", "900"]
         run = Run(tmp_path, *args, "--json", dtrace=dtrace)
         print(f"dtrace attached in {run.wait_attached('@@attached', 2.0):.1f} s")
@@ -53,6 +54,7 @@ def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
         in_tx_truth = time.monotonic() - began
         intx.execute("COMMIT")
         after = settled({"sleeper": pid})["sleeper"]
+        steal_us = steal_seconds_since(steal_before) * 1e6
         doc, err, stop_s = run.stop()
         assert schedstat(pid) == after, "ran while stopping"
     print(f"stderr {err.strip()!r}; stopped in {stop_s:.1f} s")
@@ -76,4 +78,6 @@ def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
     # Per run, schedstat (rq clock) and the probe (its own clock) stamp a switch a
     # few us apart (see tests/test_waits.py): 50 us a run, as there.
     busy, busy_truth = cpu_us + runq_us, cpu_truth + runq_truth
-    assert near(busy, busy_truth, floor=50 * runs), (busy, busy_truth)
+    # The probe's on-CPU may also hold the machine's steal (wall clock), as in test_waits.
+    assert busy >= busy_truth - max(busy_truth * 0.02, 50 * runs), (busy, busy_truth)
+    assert busy <= busy_truth + max(busy_truth * 0.02, 50 * runs + steal_us), (busy, steal_us)

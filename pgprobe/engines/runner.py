@@ -1,9 +1,10 @@
 """Running a tracer process: what bpftrace and dtrace captures share.
 
-Long (~500 lines) because the tracer's life is one state machine: start, attach,
+Long (~470 lines) because the tracer's life is one state machine: start, attach,
 window, the answer probe's ending with its SIGINT fallback and its end in the
-background (which a long-running agent waits for before it exits), priority, and
-stop; splitting it would spread one sequence of signals over files.
+background (which a long-running agent waits for before it exits), and stop;
+splitting it would spread one sequence of signals over files (the nice values it
+sets while the tracer starts and answers are pgprobe.priority's).
 
 Start the tracer in its own session (so a terminal's Ctrl-C reaches pgprobe
 only), read its stdout line by line without blocking, start the duration when
