@@ -20,7 +20,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from bench import answer
-from pgprobe import cli, proc, timings
+from pgprobe import cli, priority, proc, timings
 from pgprobe.engines import bpftrace, runner
 from pgprobe.engines.base import MapSpec, RunInfo, Snapshot
 from pgprobe.symbolize import Symbolizer, parse_maps
@@ -254,15 +254,16 @@ def test_a_capture_answers_and_its_tracer_is_not_awaited(tracing: None) -> None:
     assert capture.info.duration_seconds >= 1.0
     assert capture.process.pid is not None and _gone(capture.process.pid)
     # Raised while it started and answered, as anything else while it counted.
-    raised = (runner.TRACER_NICE, str(runner.TRACER_NICE))
+    raised = (priority.NICE, str(priority.NICE))
     assert {(n, g) for phase, n, g in niceness if phase != "count"} <= {raised}, niceness
     assert {(n, g) for phase, n, g in niceness if phase == "count"} == {(0, "0")}, niceness
 
 
 def test_tracer_nice_from_the_environment() -> None:
-    assert runner._tracer_nice(None) == runner._tracer_nice("") == runner.DEFAULT_TRACER_NICE
-    assert runner._tracer_nice("0") == 0 and runner._tracer_nice("-5") == -5
-    assert runner._tracer_nice("-99") == -20 and runner._tracer_nice("abc") == -10
+    nice = priority.configured_nice
+    assert nice(None) == nice("") == priority.DEFAULT_NICE
+    assert nice("0") == 0 and nice("-5") == -5
+    assert nice("-99") == -20 and nice("abc") == -10
 
 
 def test_no_answer_in_time_falls_back_to_sigint(

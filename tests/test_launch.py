@@ -32,6 +32,7 @@ def in_own_session(command: str) -> subprocess.Popen[str]:
     session's autogroup nice, which outlives command."""
     need(priority.autogroup_nice() is not None, "the kernel has no autogroups")
     need(os.geteuid() == 0, "needs root to raise a priority")
+    need(priority.NICE != 0, "PGPROBE_TRACER_NICE=0: nothing is raised")
     script = f'{command}; echo "rc=$?"; cat /proc/self/autogroup'
     return subprocess.Popen(
         ["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -66,7 +67,6 @@ def session_end(shell: subprocess.Popen[str]) -> tuple[str, int]:
 
 
 def test_a_capture_raises_its_session_and_puts_it_back(cluster: PgCluster, tracing: None) -> None:
-    need(priority.NICE != 0, "PGPROBE_TRACER_NICE=0: nothing is raised")
     args = " ".join(cluster.conn_args)
     shell = in_own_session(f"{sys.executable} -m pgprobe lwlocks {args} -d 2 >/dev/null")
     pid = python_child(shell)
@@ -76,7 +76,6 @@ def test_a_capture_raises_its_session_and_puts_it_back(cluster: PgCluster, traci
 
 
 def test_sigterm_in_a_capture_puts_the_session_back(cluster: PgCluster, tracing: None) -> None:
-    need(priority.NICE != 0, "PGPROBE_TRACER_NICE=0: nothing is raised")
     args = " ".join(cluster.conn_args)
     shell = in_own_session(f"{sys.executable} -m pgprobe lwlocks {args} -d 60 >/dev/null")
     pid = python_child(shell)
@@ -91,7 +90,6 @@ def test_sigterm_in_a_capture_puts_the_session_back(cluster: PgCluster, tracing:
 
 
 def test_sigterm_outside_a_capture_puts_the_session_back_and_still_kills() -> None:
-    need(priority.NICE != 0, "PGPROBE_TRACER_NICE=0: nothing is raised")
     code = (
         "import signal, time; from pgprobe import launch, priority; "
         "restore = priority.raise_own(); "
@@ -107,7 +105,6 @@ def test_sigterm_outside_a_capture_puts_the_session_back_and_still_kills() -> No
 
 def test_a_session_raised_already_is_left_as_it_is() -> None:
     """Two pgprobes in one session: the second finds it raised, and does not put it back."""
-    need(priority.NICE != 0, "PGPROBE_TRACER_NICE=0: nothing is raised")
     code = (
         "from pgprobe import priority; "
         "first = priority.raise_own(); second = priority.raise_own(); "

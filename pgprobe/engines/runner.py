@@ -1,6 +1,6 @@
 """Running a tracer process: what bpftrace and dtrace captures share.
 
-Long (~470 lines) because the tracer's life is one state machine: start, attach,
+Long (~460 lines) because the tracer's life is one state machine: start, attach,
 window, the answer probe's ending with its SIGINT fallback and its end in the
 background (which a long-running agent waits for before it exits), and stop;
 splitting it would spread one sequence of signals over files (the nice values it
@@ -143,7 +143,11 @@ class TracerProcess:
         assert child.stdout is not None and child.stderr is not None
         timings.mark(f"{self.name}-spawned")
         self.pid, self._child = child.pid, child
-        set_priority(child.pid, TRACER_NICE)  # its threads got it at the fork
+        # Raised while it starts (compiles, attaches) and answers, 0 while it counts: on a
+        # saturated 2-CPU server its start waited 2.0-2.3 s for 0.25 s of CPU; at -10, 0.1 s
+        # (docs/benchmarks.md). Its session, hence its autogroup, is its own. Its threads
+        # got the nice at the fork; this sets its autogroup's.
+        priority.set_priority(child.pid, priority.NICE)
         reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
         reader.start()
         feed = _recording(feed, self.name, child.pid)
@@ -230,7 +234,7 @@ class TracerProcess:
                 attached_at = self._attached_at = now
                 self.info.attach_seconds = now - started
                 timings.mark(f"{self.name}-attached")
-                set_priority(child.pid, 0)  # the capture itself runs as anything else
+                priority.set_priority(child.pid, 0)  # the capture itself runs as anything else
             if attached_at is not None and signalled_at is None:
                 self.info.duration_seconds = now - attached_at
             remaining = None
@@ -250,7 +254,7 @@ class TracerProcess:
                 # may take this CPU at once, and the signal that closes the window (right
                 # after before_signal's SQL read) would wait its turn (+9-16 % of reads in
                 # test_one_window under a saturating load).
-                set_priority(child.pid, TRACER_NICE)
+                priority.set_priority(child.pid, priority.NICE)
                 timings.mark(f"{self.name}-signalled")
                 signalled_at = self._signalled_at = now
                 # The answer's probe stops the counting at that kill system call.
@@ -385,16 +389,6 @@ def bpf_recursion_misses(pid: int) -> int:
     return total
 
 
-# The tracer's priority while it starts (compiles and attaches its probes) and while it
-# answers; 0 during the capture itself. On a saturated 2-CPU server its start waited
-# 2.0-2.3 s in the run queue for 0.25 s of CPU; at -10, 0.1 s (docs/benchmarks.md). The
-# tracer runs in a session of its own, hence an autogroup of its own: pgprobe.priority.
-DEFAULT_TRACER_NICE = priority.DEFAULT_NICE
-_tracer_nice = priority.configured_nice
-TRACER_NICE = priority.NICE
-set_priority = priority.set_priority
-
-
 # prctl is looked up here, in the parent: the child, between fork and exec, must not
 # import or take locks (another thread of ours may have held them at the fork).
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
@@ -409,9 +403,9 @@ def _stop_with_parent() -> None:
     """
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if TRACER_NICE:
+    if priority.NICE:
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, TRACER_NICE)
+            os.setpriority(os.PRIO_PROCESS, 0, priority.NICE)
 
 
 def _recording(
