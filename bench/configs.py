@@ -48,7 +48,7 @@ class Config:
 
     key: str
     label: str
-    kind: str  # "pgprobe" or "perf"
+    kind: str  # "pgprobe", "perf", or "bpftrace" (args: a script run bare, bench/bare.py)
     tool: str = ""  # the pgprobe command
     args: tuple[str, ...] = ()
     budget: float | None = None  # minimum TPS ratio (traced / untraced)
@@ -113,6 +113,24 @@ CONFIGS = {
             issue="16",
         ),
         Config("waits", "waits (sched_switch)", "pgprobe", "waits", (), 0.98, issue="14"),
+        # What any design on sched_switch + sched_wakeup pays before doing anything: the
+        # part of waits' cost that no change to waits.bt's programs can remove.
+        Config(
+            "sched-floor",
+            "floor: empty sched_switch + sched_wakeup programs (bpftrace, comparison)",
+            "bpftrace",
+            args=("bench/sched_floor.bt",),
+            issue="14",
+        ),
+        # A prototype of waits.bt's next design (switch-out only, on the kernel's counters),
+        # for its cost: $1 and $2 (postmaster, address) are added by bench.bare.
+        Config(
+            "sched-switchout",
+            "prototype: switch-out only on kernel counters (bpftrace, comparison)",
+            "bpftrace",
+            args=("bench/sched_switchout.bt", "POSTMASTER"),
+            issue="14",
+        ),
         Config(
             "flame-fp",
             "flame 99 Hz --unwind fp",
@@ -162,6 +180,8 @@ PROFILE: dict[str, tuple[tuple[str, int], ...]] = {
         ("triage-slru", PAIRS_TIGHT),
         ("clog-reads-syscalls", PAIRS_COMPARISON),
         ("waits", PAIRS_LOOSE),
+        ("sched-floor", PAIRS_LOOSE),
+        ("sched-switchout", PAIRS_LOOSE),
         ("flame-fp", PAIRS_LOOSE),
         ("flame-dwarf", PAIRS_LOOSE),
     ),

@@ -326,6 +326,7 @@ class _Times:
     start: float  # the tool's process started
     spawn: float = 0.0  # its (first) tracer process seen (bpftrace), or perf's events open
     spawn_last: float = 0.0  # the last of its tracer processes seen
+    attached: float = 0.0  # the bench judged the probes attached (its watch ended)
     first_end: float = 0.0  # the first and last report boundaries of the window
     last_end: float = 0.0
     sigint: float = 0.0
@@ -363,6 +364,10 @@ class Tracer:
             pids = [pm, *common.children(pm)]
             return ["perf", "record", "-F", "99", "-g", "-p", ",".join(map(str, pids)),
                     "-o", str(perf_data)]  # fmt: skip
+        if self.config.kind == "bpftrace":
+            pm = str(self.cluster.postmaster_pid)
+            args = [pm if a == "POSTMASTER" else a for a in self.config.args]
+            return [sys.executable, "-m", "bench.bare", *args]
         extra = ["-o", str(self.workdir / "triage.html")] if self.config.tool == "triage" else []
         return [sys.executable, "-m", "bench.runtool", self.config.tool, *self.cluster.conn_args,
                 *self.config.args, *extra, "-d", str(duration), "--json"]  # fmt: skip
@@ -397,6 +402,8 @@ class Tracer:
         if result.ok:
             if self.config.kind == "perf":
                 self._perf_results(result, times, err_path, bench)
+            elif self.config.kind == "bpftrace":
+                self._bare_results(result, times, bench)
             else:
                 self._pgprobe_results(result, times, out_path, err_path, rusage, bench)
         if not result.ok:
@@ -473,6 +480,7 @@ class Tracer:
         err_path: Path,
     ) -> None:
         tracers = self._attach(child, argv, t, wait, err_path)
+        t.attached = time.time()
         if not tracers or child.poll() is not None:
             result.ok = False
             result.error = f"no tracer after {time.time() - t.start:.1f} s (exit {child.poll()})"
@@ -546,6 +554,12 @@ class Tracer:
             # perf samples from its events' opening to SIGINT, about the window and the
             # waits around it
             result.events_per_s = int(m.group(1)) / (t.sigint - t.spawn)
+
+    def _bare_results(self, result: ToolRun, t: _Times, bench: Pgbench) -> None:
+        """A bare bpftrace script: no output to read; attached when the watch said so."""
+        result.start_to_attach_s = t.attached - t.start
+        self.attach_seen.append(t.attached - t.spawn_last)
+        self._fill_window(result, t, bench, attached=t.attached)
 
     def _pgprobe_results(
         self,
