@@ -365,8 +365,8 @@ class Tracer:
             return ["perf", "record", "-F", "99", "-g", "-p", ",".join(map(str, pids)),
                     "-o", str(perf_data)]  # fmt: skip
         if self.config.kind == "bpftrace":
-            pm = str(self.cluster.postmaster_pid)
-            args = [pm if a == "POSTMASTER" else a for a in self.config.args]
+            postmaster = str(self.cluster.postmaster_pid)
+            args = [postmaster if a == "POSTMASTER" else a for a in self.config.args]
             return [sys.executable, "-m", "bench.bare", *args]
         extra = ["-o", str(self.workdir / "triage.html")] if self.config.tool == "triage" else []
         return [sys.executable, "-m", "bench.runtool", self.config.tool, *self.cluster.conn_args,
