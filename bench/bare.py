@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 
+from pgprobe.tools.waits import probe
 from pgprobe.waitevents import address
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
         pm = int(argv[1])
         where = address.find(pm, os.readlink(f"/proc/{pm}/exe"))
         params = [str(pm), str(where.address)]
-    env = {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536"}
+    env = {**os.environ, **probe.ENV}  # waits.bt's map size: @task has a key per task
     child = subprocess.Popen(["bpftrace", argv[0], *params], stdin=subprocess.DEVNULL, env=env)
     signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
     return child.wait()

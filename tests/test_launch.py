@@ -108,9 +108,8 @@ def test_sigterm_in_a_capture_puts_the_session_back(cluster: PgCluster, tracing:
     time.sleep(1.0)  # attached: the capture's own handler has SIGTERM now
     os.kill(pid, signal.SIGTERM)
     rc, nice = session_end(shell)
-    assert (
-        rc == "rc=0" and nice == SESSION_NICE_AFTER
-    )  # the capture ended as by Ctrl-C, and printed
+    # the capture ended as by Ctrl-C, and printed
+    assert rc == "rc=0" and nice == SESSION_NICE_AFTER
 
 
 def test_sigterm_outside_a_capture_puts_the_session_back_and_still_kills() -> None:

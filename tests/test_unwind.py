@@ -148,6 +148,22 @@ def busy_debian(debian_cluster: PgCluster) -> Iterator[int]:
     yield from busy_backend(debian_cluster)
 
 
+def wait_sampling(
+    started: subprocess.Popen[str], sampler: Callable[[], int | None], wanted: int, name: str
+) -> None:
+    """Until the sampler process (what sampler() finds, under `started`) holds `wanted`
+    perf events, and half a second more: perf opens its events, then enables them."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert started.poll() is None, started.communicate()[1]
+        assert time.monotonic() < deadline, f"{name} did not start sampling"
+        pid = sampler()
+        if pid is not None and perf_event_fds(pid) >= wanted:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+
+
 def capture(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: int = 99,
             resume: bool = True) -> tuple[dict[str, Any], str, float, float]:  # fmt: skip
     """pgprobe flame --json of one backend until it used cpu_target s of CPU.
@@ -173,18 +189,14 @@ def _capture_window(cluster: PgCluster, pid: int, unwind: str, cpu_target: float
          "--unwind", unwind, "-F", str(hz), "-d", "600", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
     sampler = "bpftrace" if unwind == "fp" else "perf"
     wanted = 1 if sampler == "perf" else 2 * (os.cpu_count() or 1) + 1
-    while True:
-        assert probe.poll() is None, probe.communicate()[1]
-        assert time.monotonic() < deadline, f"{sampler} did not start sampling"
-        child = next((c for c in proc.children(probe.pid)
-                      if (info := proc.read_info(c)) and info.comm == sampler), None)  # fmt: skip
-        if child is not None and perf_event_fds(child) >= wanted:
-            break
-        time.sleep(0.05)
-    time.sleep(0.5)  # perf opens its events, then enables them
+
+    def sampler_pid() -> int | None:
+        return next((c for c in proc.children(probe.pid)
+                     if (info := proc.read_info(c)) and info.comm == sampler), None)  # fmt: skip
+
+    wait_sampling(probe, sampler_pid, wanted, sampler)
     # CPU time, not wall time: the machine is shared, the backend may get a small share.
     before, steal_before = cpu_seconds(pid), steal_ticks()
     os.kill(pid, signal.SIGCONT)
@@ -228,12 +240,7 @@ def perf_alongside(perf: str, pid: int, tmp: Path) -> Iterator[Path]:
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while perf_event_fds(recorder.pid) < 1:
-            assert recorder.poll() is None, recorder.communicate()[1]
-            assert time.monotonic() < deadline, "perf did not start sampling"
-            time.sleep(0.05)
-        time.sleep(0.5)  # perf opens its events, then enables them
+        wait_sampling(recorder, lambda: recorder.pid, 1, "perf")
         yield data
         recorder.send_signal(signal.SIGINT)
         _, err = recorder.communicate(timeout=120)
