@@ -505,6 +505,18 @@ def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
         stop_agent(agent)
 
 
+def not_accounted(metrics: dict[str, float]) -> float:
+    """The client backends' wall time that no row of the time model holds (s)."""
+    client = 'backend_type="client backend"'
+    total = metrics.get(time_model_key("process"), 0.0)
+    for key, value in metrics.items():
+        rows = ("pgprobe_oncpu_seconds_total{", "pgprobe_runqueue_seconds_total{",
+                "pgprobe_wait_seconds_total{")  # fmt: skip
+        if key.startswith(rows) and client in key:
+            total -= value
+    return total
+
+
 def time_model_key(name: str, wait_event: str = "") -> str:
     if name == "wait":
         return ('pgprobe_wait_seconds_total{backend_type="client backend",state="active",'
@@ -556,12 +568,23 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
         end, steal_s = scrape(port), steal_seconds_since(steal_before)
         got_sleep = end[slept] - start.get(slept, 0.0)
         got_cpu = end[oncpu] - start.get(oncpu, 0.0)
+        lost_key = 'pgprobe_capture_lost_events_total{source="waits"}'
+        lost = end.get(lost_key, 0.0) - start.get(lost_key, 0.0)
+        rest = not_accounted(end) - not_accounted(start)
         print(f"pg_sleep {expected} s: {got_sleep:.4f} s in {end[sleeps] - start.get(sleeps, 0)} "
-              f"sleeps; schedstat {cpu_s:.4f} s: {got_cpu:.4f} s, steal {steal_s:.2f}")  # fmt: skip
+              f"sleeps; schedstat {cpu_s:.4f} s: {got_cpu:.4f} s, steal {steal_s:.2f}, "
+              f"lost events {lost:.0f}, not accounted {rest:.4f} s")  # fmt: skip
         assert abs(got_sleep - expected) <= 0.02 * expected, got_sleep
         assert end[sleeps] - start.get(sleeps, 0.0) == 2
         # The tracepoints time the CPU in wall clock, schedstat leaves out the time the
         # hypervisor ran another guest: over by up to the machine's steal (as test_waits).
-        assert 0.98 * cpu_s <= got_cpu <= 1.02 * cpu_s + steal_s, (got_cpu, cpu_s, steal_s)
+        assert got_cpu <= 1.02 * cpu_s + steal_s, (got_cpu, cpu_s, steal_s)
+        # Under: only where waits.bt said it lost events (a CPU whose programs the kernel
+        # skipped, e.g. while a tracer printing its maps held its BPF guard), and then the
+        # time missing is kept as not accounted, never in another row.
+        if lost == 0:
+            assert got_cpu >= 0.98 * cpu_s, (got_cpu, cpu_s)
+        else:
+            assert got_cpu + rest >= 0.98 * cpu_s, (got_cpu, rest, cpu_s, lost)
     finally:
         stop_agent(agent)
