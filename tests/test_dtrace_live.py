@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, need, steal_seconds_since, steal_ticks
+from helpers import CHECKOUT, assert_samples_match_cpu, need, steal_seconds_since, steal_ticks
 from slru_workload import (
     CLUSTER_SETTINGS,
     XACT,
@@ -241,8 +241,7 @@ def test_flame_counts_cpu_time_and_names_md5(
     expected = cpu_s * hz
     print(f"attach {attach_s:.1f} s, stop {stop_s:.1f} s, samples {total}, expected {expected:.0f}")
     assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
-    # Over by up to the machine's steal: test_flame.assert_close.
-    assert 0.90 * expected <= total <= 1.10 * (cpu_s + steal_s) * hz, (total, expected, steal_s)
+    assert_samples_match_cpu(total, cpu_s, hz, steal_s, expected)
     for s, n in sorted(stacks.items(), key=lambda kv: -kv[1])[:6]:
         print(n, ";".join(s))
     # md5() is pg_md5_hash -> OpenSSL 3's EVP digest in libcrypto, which takes

@@ -508,10 +508,10 @@ def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
 def not_accounted(metrics: dict[str, float]) -> float:
     """The client backends' wall time that no row of the time model holds (s)."""
     client = 'backend_type="client backend"'
+    rows = ("pgprobe_oncpu_seconds_total{", "pgprobe_runqueue_seconds_total{",
+            "pgprobe_wait_seconds_total{")  # fmt: skip
     total = metrics.get(time_model_key("process"), 0.0)
     for key, value in metrics.items():
-        rows = ("pgprobe_oncpu_seconds_total{", "pgprobe_runqueue_seconds_total{",
-                "pgprobe_wait_seconds_total{")  # fmt: skip
         if key.startswith(rows) and client in key:
             total -= value
     return total

@@ -44,7 +44,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, need, perf_event_fds, run_pgprobe, steal_seconds_since, steal_ticks
+from helpers import (
+    CHECKOUT,
+    assert_samples_match_cpu,
+    need,
+    perf_event_fds,
+    run_pgprobe,
+    steal_seconds_since,
+    steal_ticks,
+)
 
 from pgprobe import proc
 from pgprobe.pgbuilds import PgBuild
@@ -65,15 +73,6 @@ def cpu_seconds(pid: int) -> float:
     utime + stime are tick samples that drift on a busy machine)."""
     with open(f"/proc/{pid}/schedstat") as f:
         return int(f.read().split()[0]) / 1e9
-
-
-def assert_samples(samples: int, cpu_s: float, steal_s: float, detail: object = "") -> None:
-    """samples = CPU time x 99 Hz within 10 %, where the upper side may add the machine's
-    steal in the window: the sampling timer counts wall time on a CPU, schedstat does
-    not count the time the hypervisor ran another guest (CONFIG_PARAVIRT_TIME_ACCOUNTING;
-    CI saw 165 and 168 samples for 1.5 s of CPU, 11-12 % over)."""
-    low, high = 0.90 * cpu_s * 99, 1.10 * (cpu_s + steal_s) * 99
-    assert low <= samples <= high, (samples, cpu_s, steal_s, detail)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +168,7 @@ def capture(cluster: PgCluster, pid: int, unwind: str, cpu_target: float, hz: in
     """pgprobe flame --json of one backend until it used cpu_target s of CPU.
 
     Returns (document, stderr, the backend's CPU seconds while sampled, the machine's steal
-    seconds meanwhile: assert_samples). The backend is
+    seconds meanwhile: assert_samples_match_cpu). The backend is
     held (SIGSTOP) while the sampler starts and stops, so that the window of the CPU time
     and the window of the samples are the same. resume=False leaves it held at the end
     (perf_alongside: another sampler's window is then the same one).
@@ -298,7 +297,7 @@ def test_dwarf_stacks_on_each_build(
     cost = f"{meta['bytes_per_sample']} bytes/sample, {meta['unwind_cpu_s']} s to unwind"
     print(f"[{pg_build.id}] samples {total}, CPU {cpu_s:.2f} s x 99 Hz = {expected:.0f}; {cost}")
     assert expected > 100, f"the backend got too little CPU to judge ({cpu_s:.2f} s)"
-    assert_samples(total, cpu_s, steal_s)
+    assert_samples_match_cpu(total, cpu_s, 99, steal_s)
     whole = sum(n for frames, n in stacks if ROOTS & {f.rsplit("`", 1)[-1] for f in frames})
     assert whole >= 0.90 * total, (whole, total, meta["truncated_reasons"])
     compared = EXPORTED_QUERY_FUNCTIONS if pg_build.stripped else QUERY_FUNCTIONS
@@ -507,7 +506,7 @@ def test_whole_cluster_dwarf_names_a_backend_that_exited(no_fp_cluster: PgCluste
     total = sum(mine.values())
     print(f"exited backend: {total} samples for {cpu_s:.2f} s of CPU at 99 Hz; "
           f"the machine's steal meanwhile {steal_s:.2f} s")  # fmt: skip
-    assert_samples(total, cpu_s, steal_s, err)
+    assert_samples_match_cpu(total, cpu_s, 99, steal_s, err)
     assert all(k.startswith(f"pid {pid}: client backend") for k in mine), list(mine)[:3]
     whole = sum(n for k, n in mine.items() if ROOTS & set(k.split(";")))
     assert whole >= 0.9 * total
