@@ -168,17 +168,58 @@ sched:::off-cpu
 	ws_state[this->ln] = 7;
 }
 
+/*
+ * The kernel's own count of this run's CPU time (since its switch-in; steal and
+ * IRQ time left out). A span that should be one run but is much longer hides
+ * events never seen: a switch-out and a switch-in (off CPU in between), or a
+ * switch-in after the capture began. Then only this run is charged (exact), as
+ * in bpf/waits.bt.
+ */
+sched:::off-cpu
+/this->ours/
+{
+	this->run = curthread->se.sum_exec_runtime - curthread->se.prev_sum_exec_runtime;
+	this->span = this->st == 1 ? this->now - this->t0 : this->now - ws_window;
+	this->missed = (this->st <= 1 || this->st == 5) &&
+	    this->span > this->run + 1000000 + this->span / 8;
+}
+
 sched:::off-cpu
 /this->ours && this->st == 1/
 {
-	@cpu_ns[tid] = sum(this->now - this->t0);
+	@cpu_ns[tid] = sum(this->missed ? this->run : this->span);
+}
+
+sched:::off-cpu
+/this->ours && this->st == 1 && this->missed/
+{
+	@unseen[1, tid] = count();
 }
 
 sched:::off-cpu
 /this->ours && (this->st == 0 || this->st == 5)/
 {
-	/* no switch-in seen: on CPU since before the capture (5: woken while it still ran) */
-	@cpu_ns[tid] = sum(this->now - ws_window);
+	/*
+	 * No switch-in seen: on CPU since before the capture (5: woken while it still
+	 * ran), unless the kernel says this run began later (missed, below).
+	 */
+	@cpu_ns[tid] = sum(this->missed ? this->run : this->span);
+}
+
+sched:::off-cpu
+/this->ours && this->st == 5 && this->missed/
+{
+	/* asleep from the window start to the wakeup seen, runnable from then to this run */
+	@wait_ns[tid, 2] = sum(this->t0 - ws_window);
+	@runq_ns[tid, 3] = sum(this->now - this->run > this->t0 ? this->now - this->run - this->t0 : 0);
+}
+
+sched:::off-cpu
+/this->ours && this->st == 0 && this->missed/
+{
+	/* its wakeup and switch-in unseen: off CPU until this run, all of it to the sleep */
+	@unseen[2, tid] = count();
+	@wait_ns[tid, 2] = sum(this->span - this->run);
 }
 
 sched:::off-cpu

@@ -89,13 +89,27 @@ def write_script(script: Path, pids: Iterable[int]) -> Path:
     return Path(out.name)
 
 
+UNTRACED_SHOWN = 3  # pids named in the note; the count covers them all
+
+
 def untraced_note(traced: set[int], cluster_pid: int | None) -> str | None:
-    """One line for the server processes that started during the capture (not traced)."""
-    new = provider_pids(cluster_pid) - traced
+    """One line for the server processes that started during the capture (not traced).
+
+    It names the first few (pid and process title: an autovacuum worker, a new
+    client's backend) so a DBA can tell whether the ones that matter were traced.
+    """
+    new = sorted(provider_pids(cluster_pid) - traced)
     if not new:
         return None
+    shown = []
+    for pid in new[:UNTRACED_SHOWN]:
+        info = proc.read_info(pid)
+        title = info.cmdline.removeprefix("postgres: ") if info is not None else "exited"
+        shown.append(f"pid {pid} {title}")
+    more = f", {len(new) - UNTRACED_SHOWN} more" if len(new) > UNTRACED_SHOWN else ""
     return (
         f"DTrace for Linux: {len(new)} PostgreSQL processes started during the capture and "
-        "were not traced (USDT probes are enabled per pid, at start; at least this many: "
-        "those that also exited are not counted); use --engine bpftrace to include them"
+        f"were not traced ({'; '.join(shown)}{more}; USDT probes are enabled per pid, at "
+        "start; at least this many: those that also exited are not counted); use --engine "
+        "bpftrace to include them"
     )
