@@ -181,7 +181,7 @@ sched:::off-cpu
 	this->run = curthread->se.sum_exec_runtime - curthread->se.prev_sum_exec_runtime;
 	this->span = this->st == 1 ? this->now - this->t0 : this->now - ws_window;
 	this->missed = (this->st <= 1 || this->st == 5) &&
-	    this->span > this->run + 1000000 + this->span / 8;
+	    this->span > this->run + 250000 + this->span / 16;
 }
 
 sched:::off-cpu

@@ -234,7 +234,7 @@ def test_flame_counts_cpu_time_and_names_md5(
         run = Run(tmp_path, "flame", *cluster.conn_args, *args, dtrace=dtrace)
         attach_s = run.wait_attached("@@attached")
         before, steal_before = cpu_seconds(pid), steal_ticks()
-        run_query(cluster, conn, pid, 2.0, MD5_QUERY)
+        run_query(conn, pid, 2.0, MD5_QUERY)
         cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
         stopped = time.monotonic()
         run.process.send_signal(signal.SIGINT)

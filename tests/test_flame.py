@@ -114,7 +114,6 @@ def stop(probe: subprocess.Popen[str]) -> tuple[str, str]:
 
 
 def run_query(
-    cluster: PgCluster,
     conn: psycopg.Connection[Any],
     pid: int,
     cpu_s: float,
@@ -123,7 +122,11 @@ def run_query(
     """QUERY (or `query`) until the backend has used `cpu_s` of CPU time, then cancel it.
 
     CPU time, not wall time: on a shared machine the backend may get a small
-    share of a CPU, and the checks need enough samples to judge.
+    share of a CPU, and the checks need enough samples to judge. Cancelled through
+    the connection's own cancel request, not by a query in another session: that
+    session's backend would be one more client backend on CPU in the window (its
+    start-up cost 13-54 ms of CPU in test_serve's time model, read as the
+    backend's).
     """
     start = cpu_seconds(pid)
     errors: list[BaseException] = []
@@ -142,7 +145,7 @@ def run_query(
     while cpu_seconds(pid) - start < cpu_s and thread.is_alive():
         assert time.monotonic() < deadline, "the backend got almost no CPU for 60 s"
         time.sleep(0.02)
-    cluster.sql(f"SELECT pg_cancel_backend({pid})")
+    conn.cancel_safe()
     thread.join(30)
     assert not thread.is_alive() and not errors, errors
 
@@ -195,7 +198,7 @@ def busy(cluster: PgCluster, backend: tuple[psycopg.Connection[Any], int]) -> It
     thread.start()
     time.sleep(0.3)
     yield pid
-    cluster.sql(f"SELECT pg_cancel_backend({pid})")
+    conn.cancel_safe()
     assert done.wait(30)
 
 
@@ -211,7 +214,7 @@ def test_flame_folded_is_the_query_and_counts_its_cpu_time(
                           "-d", "60", "--folded")  # fmt: skip
     wait_sampling(probe)
     before, steal_before = cpu_seconds(pid), steal_ticks()
-    run_query(cluster, conn, pid, 2.0)  # idle before and after: all there is to sample
+    run_query(conn, pid, 2.0)  # idle before and after: all there is to sample
     cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
     out, err = stop(probe)
 
@@ -294,7 +297,7 @@ def test_backend_that_exits_during_the_capture_is_named_per_backend(
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         pid = int(row[0])
-        run_query(cluster, conn, pid, 1.5)
+        run_query(conn, pid, 1.5)
         # Its whole life is inside the capture: its CPU time, read while it idles after the
         # query (once the connection closes it may be gone before /proc can be read), is
         # all there is to sample, but for the few microseconds of its exit.
@@ -438,7 +441,7 @@ def test_flame_and_hot_name_the_leaves_on_each_build(
                               str(hz), "-d", "60", "--folded", *FP)  # fmt: skip
         wait_sampling(probe)
         before, steal_before = cpu_seconds(pid), steal_ticks()
-        run_query(build_cluster, conn, pid, 2.0)
+        run_query(conn, pid, 2.0)
         cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
         out, err = stop(probe)
     stacks = parse_folded(out)
@@ -474,7 +477,7 @@ def test_flame_and_hot_name_the_leaves_on_each_build(
     with build_cluster.connect() as conn:
         conn.execute("SET jit = off")
         pid = conn.info.backend_pid
-        thread = threading.Thread(target=lambda: run_query(build_cluster, conn, pid, 4.0))
+        thread = threading.Thread(target=lambda: run_query(conn, pid, 4.0))
         thread.start()
         time.sleep(0.3)
         done = run_pgprobe(["hot", *build_cluster.conn_args, "--pid", str(pid), "-d", "2",

@@ -479,7 +479,7 @@ def test_cpu_samples_are_the_backend_cpu_time_at_the_rate(
         time.sleep(2.5)  # two windows: the counter is settled (the backends are idle)
         start = scrape(port).get(key, 0.0)
         before, steal_before = cpu_seconds(pid), steal_ticks()
-        run_query(cluster, conn, pid, 2.0)  # idle before and after: all there is to sample
+        run_query(conn, pid, 2.0)  # idle before and after: all there is to sample
         cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)
         time.sleep(2.5)  # the window holding the query's last samples has ended
         samples = scrape(port)[key] - start
@@ -556,7 +556,7 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
         for seconds in (1.5 * window, window / 2):  # end 3/4 and 1/4 into later windows
             conn.execute("SELECT pg_sleep(%s)", (seconds,))
         expected = 2 * window
-        run_query(cluster, conn, pid, 1.0)  # idle before and after: the other backends too
+        run_query(conn, pid, 1.0)  # idle before and after: the other backends too
         cpu_s = cpu_seconds(pid) - cpu_before
         done = time.time()
         windows = 'pgprobe_capture_windows_total{source="waits"}'
