@@ -69,7 +69,8 @@
  *   @now_ns <TAB> NS             when the maps were printed
  *   @cpu_ns <TAB> TID <TAB> NS   time on CPU
  *   @runq_ns <TAB> TID <TAB> HOW <TAB> NS   runnable, waiting for a CPU (2
- *                                preempted or yielded, 3 woken, not yet running)
+ *                                preempted or yielded, 3 woken, not yet running,
+ *                                4 runnable since before the capture as far as seen)
  *   @wait_ns <TAB> TID <TAB> WEI <TAB> NS   off CPU per wait_event_info (0 none
  *                                set, 1 not readable, 2 asleep since before the
  *                                capture)
@@ -180,7 +181,8 @@ sched:::off-cpu
 {
 	this->run = curthread->se.sum_exec_runtime - curthread->se.prev_sum_exec_runtime;
 	this->span = this->st == 1 ? this->now - this->t0 : this->now - ws_window;
-	this->missed = (this->st <= 1 || this->st == 5) &&
+	/* not for an exiting thread (PF_EXITING): leaving its autogroup restarts that count */
+	this->missed = (this->st <= 1 || this->st == 5) && !(curthread->flags & 0x4) &&
 	    this->span > this->run + 250000 + this->span / 16;
 }
 
@@ -232,6 +234,8 @@ sched:::off-cpu
 sched:::off-cpu
 /this->ours && ws_exiting[tid]/
 {
+	/* its end: after proc:::exit a backend still runs (its memory torn down) */
+	@exit_ns[tid] = max(this->now);
 	ws_state[tid] = 0;
 	ws_since[tid] = 0;
 	ws_wei[tid] = 0;
@@ -388,8 +392,8 @@ sched:::off-cpu
 sched:::off-cpu
 /this->nst == 0 && this->n != 0 && this->nours/
 {
-	/* runnable since before the capture */
-	@runq_ns[this->n, 3] = sum(this->now - ws_window);
+	/* runnable since before the capture, as far as seen (kind 4, as bpf/waits.bt) */
+	@runq_ns[this->n, 4] = sum(this->now - ws_window);
 }
 
 sched:::off-cpu

@@ -112,6 +112,28 @@ def test_records_name_a_sleep_from_before_the_capture_and_clip_at_exit() -> None
     assert by_pid[9].cpu_ns == 1_000 and by_pid[9].wall_ns == 5_000
 
 
+def test_records_make_a_lost_wakeup_of_a_sleep_from_before_the_capture_that_sleep() -> None:
+    """Pure records: a first event that is a switch-in reads to the script as "runnable
+    since before the capture" (@runq_ns kind 4). Read asleep before the capture and not
+    run since (@first_runs one above): its wakeup was lost and the time is that sleep.
+    Otherwise it is runqueue time, as the script saw it."""
+    clientread = waitevents.number(15, "Client", "ClientRead")
+    assert clientread is not None
+    at_start = records.RUNNABLE_AT_START
+    maps: dict[str, dict[Any, Any]] = {
+        "window_ns": {(): 1_000},
+        "now_ns": {(): 11_000},
+        "runq_ns": {(7, at_start): 3_000, (8, at_start): 3_000, (9, at_start): 3_000},
+        "first_runs": {(7,): 51, (8,): 53, (9,): 61},
+    }
+    procs = records.records(Snapshot(maps=maps), [], lambda pid: True, None,
+                            {7: (50, clientread), 8: (50, clientread)})  # fmt: skip
+    by_pid = {p.pid: p for p in procs}
+    assert by_pid[7].wait_ns == {clientread: 3_000} and not by_pid[7].runq_ns
+    assert by_pid[8].runq_ns == {records.WOKEN: 3_000}  # it ran in between
+    assert by_pid[9].runq_ns == {records.WOKEN: 3_000}  # not read asleep before
+
+
 # -- the time model on a real cluster --------------------------------------------------------
 
 
@@ -302,12 +324,21 @@ def test_time_model_against_truth(
     # The blocked UPDATE off CPU = its wall time less its CPU and runqueue time, all
     # read inside the server around the UPDATE. Physical residual: a running task's
     # schedstat CPU lags by the CPU used since its last tick or switch-in (<= 1 tick).
+    # That is all its sleeps in the UPDATE: the lock's, and those of the deadlock check
+    # at deadlock_timeout (1 s), which can wait for LWLock:LockManager (measured 16.8 ms
+    # once, and about 29 ms when transactionid alone was 2.8 % short). Outside the
+    # UPDATE the backend only sleeps in ClientRead (idle, not in the "wait" rows).
     wall_ns, cpu_ns, runq_ns = blocked_truth[0]
     lock_s = total_us(rows, pids["blocked"], "wait", "Lock", "transactionid") / 1e6
+    waits_s = total_us(rows, pids["blocked"], "wait") / 1e6
     truth = (wall_ns - cpu_ns - runq_ns) / 1e9
-    print(f"transactionid {lock_s:.4f} s; the UPDATE: {wall_ns / 1e9:.4f} s less its CPU "
-          f"{cpu_ns / 1e6:.3f} ms and runqueue {runq_ns / 1e6:.3f} ms = {truth:.4f} s")  # fmt: skip
-    exact_or_reported(rows, pids["blocked"], lock_s, truth, lost)
+    print(f"transactionid {lock_s:.4f} s of {waits_s:.4f} s asleep in waits; the UPDATE: "
+          f"{wall_ns / 1e9:.4f} s less its CPU {cpu_ns / 1e6:.3f} ms and runqueue "
+          f"{runq_ns / 1e6:.3f} ms = {truth:.4f} s")  # fmt: skip
+    print([(r["category"], r["wait_event"], r["total_us"], r["sleeps"]) for r in rows
+           if r["pid"] == pids["blocked"]])  # fmt: skip
+    exact_or_reported(rows, pids["blocked"], waits_s, truth, lost)
+    assert lock_s >= 0.9 * truth, (lock_s, truth)
 
     # Stolen time (/proc/stat counts it in whole ticks, truncated): at most one tick more.
     steal_us = (steal_after - steal_before + 1) * 1e6 / os.sysconf("SC_CLK_TCK")
@@ -390,6 +421,11 @@ def test_time_model_against_truth(
     assert leaver_rows and leaver_rows[0]["backend_type"] == "client backend"
     leave_s = total_us(rows, leaver, "wait", "Timeout", "PgSleep") / 1e6
     exact_or_reported(rows, leaver, leave_s, 0.5, lost)
+    # Its wall time ends at its last switch-out, not at sched_process_exit: a backend
+    # still runs 1-8 ms after it (its memory torn down), which once made its rows exceed
+    # its wall time by 12.6 ms (not accounted -0.0127 s).
+    left_us = total_us(rows, leaver, "not accounted")
+    assert left_us >= -1_000, left_us
 
     # Background processes: their main-loop event now, when pgprobe saw them sleep in it.
     checked = 0

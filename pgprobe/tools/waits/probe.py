@@ -16,7 +16,7 @@ MAPS = (
     MapSpec("window_ns", ()),
     MapSpec("now_ns", ()),
     MapSpec("cpu_ns", INT),
-    MapSpec("runq_ns", PAIR),  # tid, how (2 preempted, 3 woken)
+    MapSpec("runq_ns", PAIR),  # tid, how (2 preempted, 3 woken, 4 runnable at start)
     MapSpec("wait_ns", PAIR),  # tid, wait_event_info
     MapSpec("wait_hist", PAIR),
     MapSpec("born_ns", INT),

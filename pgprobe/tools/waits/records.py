@@ -28,6 +28,10 @@ from pgprobe.waitevents import backend_state
 # @task states (bpf/waits.bt)
 ON_CPU, PREEMPTED, WOKEN, ASLEEP, PENDING_WOKEN, PENDING_ON_CPU, NOT_OURS = 1, 2, 3, 4, 5, 6, 9
 LOST_TRACK, PENDING_LOST_TRACK = 7, 8  # its CPU's events stopped being seen: not charged
+# @runq_ns's third kind: runnable since before the capture as far as the script saw (its
+# first event a switch-in). Runqueue time (WOKEN), unless pgprobe read the process asleep
+# before the capture and it has not run since: then its wakeup was lost and it is that sleep.
+RUNNABLE_AT_START = 4
 
 CATEGORY_ORDER = ("on CPU", "runqueue", "wait", "idle", "unknown", "not accounted")
 
@@ -178,16 +182,27 @@ def records(
 
     for pid, ns in _ints(snapshot, "cpu_ns").items():
         proc(pid).cpu_ns += ns
+    first_runs = _ints(snapshot, "first_runs")
+
+    def slept_from_start(tid: int) -> int | None:
+        """The wait event tid slept in before the capture, if its first run since is this one."""
+        known = (asleep_at_start or {}).get(tid)
+        return known[1] if known and first_runs.get(tid) == known[0] + 1 else None
+
     for (tid, how), value in snapshot.get("runq_ns").items():
         assert isinstance(tid, int) and isinstance(how, int) and isinstance(value, int)
         p = proc(tid)
+        if how == RUNNABLE_AT_START:
+            slept = slept_from_start(tid)
+            if slept:
+                p.wait_ns[slept] = p.wait_ns.get(slept, 0) + value
+                continue
+            how = WOKEN
         p.runq_ns[how] = p.runq_ns.get(how, 0) + value
-    first_runs = _ints(snapshot, "first_runs")
     for (tid, wei), value in snapshot.get("wait_ns").items():
         assert isinstance(tid, int) and isinstance(wei, int) and isinstance(value, int)
-        known = (asleep_at_start or {}).get(tid)
-        if wei == waitevents.BEFORE_CAPTURE and known and first_runs.get(tid) == known[0] + 1:
-            wei = known[1]
+        if wei == waitevents.BEFORE_CAPTURE:
+            wei = slept_from_start(tid) or wei
         p = proc(tid)
         p.wait_ns[wei] = p.wait_ns.get(wei, 0) + value
     for (tid, wei), value in snapshot.get("wait_hist").items():
