@@ -1,6 +1,6 @@
 """What bpf/waits.bt hands back, and the time model shown: pure functions, no I/O.
 
-Long (~440 lines) because the time model is one computation: states of @task,
+Long (~465 lines) because the time model is one computation: states of @task,
 running totals, open intervals and interval differences must agree line by line.
 
 snapshot -> ProcessTime per process (what the kernel measured, plus the
@@ -194,15 +194,16 @@ def records(
         p = proc(tid)
         if how == RUNNABLE_AT_START:
             slept = slept_from_start(tid)
-            if slept:
+            if slept:  # not 0: no wait event set then, it may have been runnable indeed
                 p.wait_ns[slept] = p.wait_ns.get(slept, 0) + value
                 continue
             how = WOKEN
         p.runq_ns[how] = p.runq_ns.get(how, 0) + value
     for (tid, wei), value in snapshot.get("wait_ns").items():
         assert isinstance(tid, int) and isinstance(wei, int) and isinstance(value, int)
-        if wei == waitevents.BEFORE_CAPTURE:
-            wei = slept_from_start(tid) or wei
+        slept = slept_from_start(tid) if wei == waitevents.BEFORE_CAPTURE else None
+        if slept is not None:
+            wei = slept
         p = proc(tid)
         p.wait_ns[wei] = p.wait_ns.get(wei, 0) + value
     for (tid, wei), value in snapshot.get("wait_hist").items():
