@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import bpfstats, common
+from pgprobe import kernelbtf
 
 SOURCE = Path(__file__).with_name("probe_cost.c")
 ROUNDS = 5
@@ -176,7 +177,8 @@ def _switch_run(
     try:
         if variant is not None and variant.program == "waits":
             pm = pid if variant.ours else str(FOREIGN_PM)
-            tracer = _tracer("", [str(waits), pm, addr, "0", "0"])
+            offsets = [str(o) for o in kernelbtf.task_offsets().as_args()]
+            tracer = _tracer("", [str(waits), pm, addr, "0", "0", "0", "0", *offsets])
         elif variant is not None:
             tracer = _tracer(variant.program)
         before = bpfstats.programs(tracer.pid) if tracer else []

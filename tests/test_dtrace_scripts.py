@@ -163,8 +163,9 @@ def parse(path: Path) -> Script:
 
 
 def usage_params(text: str, ext: str) -> list[str]:
-    """Parameter names of the header's USAGE line, brackets removed."""
-    m = re.search(rf"USAGE: \S+ (?:-qs )?\S+\.{ext}(.*)", text)
+    """Parameter names of the header's USAGE line (and its indented continuation lines),
+    brackets removed."""
+    m = re.search(rf"USAGE: \S+ (?:-qs )?\S+\.{ext}(.*(?:\n \* {{4,}}[A-Z\[].*)*)", text)
     assert m, f"no USAGE line for .{ext}"
     return re.findall(r"[A-Z][A-Z_]+", m.group(1))
 
@@ -277,6 +278,9 @@ BPF_ONLY_PARAMS = {
     # under load, so clog_reads.bt counts up to pgprobe's own SIGINT; DTrace runs END
     # with its probes still enabled, so END closes clog_reads.d's window in time.
     "clog_reads": ["STOPPER_PID"],
+    # waits.bt reads task_struct fields at offsets from the kernel's BTF (bpftrace 0.17
+    # spends ~1 s compiling curtask->field); waits.d reads curthread's fields by name.
+    "waits": ["SUM_OFF", "PREV_OFF", "FLAGS_OFF", "PARENT_OFF", "TGID_OFF", "PCOUNT_OFF"],
 }
 
 

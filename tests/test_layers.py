@@ -56,6 +56,7 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.pgversions", "base"),
     ("pgprobe.scripts", "probes"),
     ("pgprobe.usdt", "probes"),
+    ("pgprobe.kernelbtf", "probes"),  # task_struct offsets for waits.bt, from the kernel's BTF
     ("pgprobe.waitevents", "probes"),
     ("pgprobe.waitevents.*", "probes"),
     ("pgprobe.engines", "engines"),

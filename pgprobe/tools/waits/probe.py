@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pgprobe import kernelbtf
 from pgprobe.discover import Targets
 from pgprobe.engines.base import KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, PgprobeError
@@ -57,11 +58,13 @@ def script_args(
     targets: Targets, where: address.WaitEventAddress, interval: int | None
 ) -> list[int | Path]:
     """$1 postmaster, $2 address of my_wait_event_info, $3 interval, $4 single pid,
-    $5 address of MyBEEntry and $6 offset of its st_state (ClientRead's state; 0 0: not read)."""
+    $5 address of MyBEEntry and $6 offset of its st_state (ClientRead's state; 0 0: not read),
+    $7-$12 the task_struct offsets of this kernel (pgprobe.kernelbtf)."""
     single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
     state = backend_state.find(where, targets.cluster.major)
     return [targets.cluster.postmaster_pid, where.address, interval or 0, single,
-            state.address if state else 0, state.offset if state else 0]  # fmt: skip
+            state.address if state else 0, state.offset if state else 0,
+            *kernelbtf.task_offsets().as_args()]  # fmt: skip
 
 
 def client_read_note(where: address.WaitEventAddress, major: int) -> str | None:
