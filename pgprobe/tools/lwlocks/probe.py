@@ -111,7 +111,7 @@ def start_sleeps(ns: argparse.Namespace, targets: Targets, interval: int | None)
     cluster = targets.cluster
     where = address.find(cluster.postmaster_pid, cluster.binary)
     args = waits_probe.script_args(targets, where, interval)
-    return common.capture(ns, waits_probe.SCRIPT, args, waits_probe.MAPS, env=waits_probe.ENV)
+    return waits_probe.capture(ns, args)
 
 
 def start(

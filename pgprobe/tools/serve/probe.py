@@ -92,7 +92,7 @@ def _waits(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
     where = address.find(cluster.postmaster_pid, cluster.binary)
     args = waits_probe.script_args(targets, where, window)
     env = {**waits_probe.ENV, "BPFTRACE_MAP_KEYS_MAX": str(waits_map_keys())}
-    return common.capture(ns, waits_probe.SCRIPT, args, waits_probe.MAPS, env=env)
+    return waits_probe.capture(ns, args, env)
 
 
 SOURCES = (

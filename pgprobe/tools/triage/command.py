@@ -103,7 +103,7 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
     where = address.find(cluster.postmaster_pid, cluster.binary)
     runs_before = waits_targets.run_counts(targets.pids)
     args = waits_probe.script_args(targets, where, None)
-    capture = common.capture(ns, waits_probe.SCRIPT, args, waits_probe.MAPS, env=waits_probe.ENV)
+    capture = waits_probe.capture(ns, args)
 
     def section(snapshot: Snapshot, info: RunInfo) -> dict[str, Any]:
         slept_in = waits_targets.asleep_all_along(targets, runs_before)

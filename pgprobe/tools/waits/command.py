@@ -99,7 +99,7 @@ def capture_windows(
         namer = offcpu.StackNamer(targets)
         capture: Any = offcpu.start(ns, targets, args, namer)
     else:
-        capture = common.capture(ns, probe.SCRIPT, args, probe.MAPS, env=probe.ENV)
+        capture = probe.capture(ns, args)
     end = CaptureEnd(0)
     previous = None  # the maps are cumulative: each window is the difference of two
     for snapshot, info in common.snapshots(capture, ns, "time per wait event"):

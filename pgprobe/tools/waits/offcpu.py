@@ -150,8 +150,8 @@ def start(
     mode, why = choose_unwind(ns.unwind, targets.cluster.binary, targets.cluster.postmaster_pid)
     namer.unwind, namer.unwind_reason = mode, why
     if mode == "fp":
-        inner = common.capture(ns, probe.STACKS_SCRIPT, [*args, 0], probe.STACKS_MAPS,
-                               env=probe.STACKS_ENV)  # fmt: skip
+        inner = common.capture(ns, probe.STACKS_SCRIPT, [*probe.bpf_args(args), 0],
+                               probe.STACKS_MAPS, env=probe.STACKS_ENV)  # fmt: skip
         return _Ticking(inner, namer.tick)
     perf = choose.perf_binary()
     if perf is None:
@@ -160,8 +160,8 @@ def start(
             "linux-tools-$(uname -r); RHEL: perf)",
             EXIT_TRACER,
         )
-    inner = common.capture(ns, probe.STACKS_SCRIPT, [*args, 1], dwarfstacks.MAPS,
-                           env=dwarfstacks.ENV)  # fmt: skip
+    inner = common.capture(ns, probe.STACKS_SCRIPT, [*probe.bpf_args(args), 1],
+                           dwarfstacks.MAPS, env=dwarfstacks.ENV)  # fmt: skip
     watcher = namer.watcher
     pids = [targets.cluster.postmaster_pid, *watcher.seen] if watcher else targets.pids
     namer.switches = dwarfstacks.SwitchStacks(_Ticking(inner, namer.tick), perf, pids,

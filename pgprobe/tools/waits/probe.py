@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from pgprobe import kernelbtf
+from pgprobe import engines, kernelbtf
 from pgprobe.discover import Targets
-from pgprobe.engines.base import KeyKind, MapSpec
+from pgprobe.engines.base import Capture, KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, PgprobeError
+from pgprobe.tools import common
 from pgprobe.waitevents import MAJORS, address, backend_state
 
 SCRIPT = "waits"  # bpf/waits.bt
@@ -58,13 +60,27 @@ def script_args(
     targets: Targets, where: address.WaitEventAddress, interval: int | None
 ) -> list[int | Path]:
     """$1 postmaster, $2 address of my_wait_event_info, $3 interval, $4 single pid,
-    $5 address of MyBEEntry and $6 offset of its st_state (ClientRead's state; 0 0: not read),
-    $7-$12 the task_struct offsets of this kernel (pgprobe.kernelbtf)."""
+    $5 address of MyBEEntry and $6 offset of its st_state (ClientRead's state; 0 0: not read):
+    the parameters waits.bt and waits.d share (bpf_args adds the .bt scripts' own)."""
     single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
     state = backend_state.find(where, targets.cluster.major)
     return [targets.cluster.postmaster_pid, where.address, interval or 0, single,
-            state.address if state else 0, state.offset if state else 0,
-            *kernelbtf.task_offsets().as_args()]  # fmt: skip
+            state.address if state else 0, state.offset if state else 0]  # fmt: skip
+
+
+def bpf_args(args: list[int | Path]) -> list[int | Path]:
+    """script_args plus $7-$12, this kernel's task_struct offsets (pgprobe.kernelbtf), which
+    waits.bt and waits_stacks.bt read at (d/waits.d names curthread's fields instead)."""
+    return [*args, *kernelbtf.task_offsets().as_args()]
+
+
+def capture(
+    ns: argparse.Namespace, args: list[int | Path], env: dict[str, str] | None = None
+) -> Capture:
+    """The time-model capture on the chosen engine: bpf/waits.bt or d/waits.d."""
+    dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
+    return common.capture(ns, SCRIPT, args if dtrace else bpf_args(args), MAPS,
+                          env=ENV if env is None else env)  # fmt: skip
 
 
 def client_read_note(where: address.WaitEventAddress, major: int) -> str | None:
