@@ -1,6 +1,6 @@
 """What bpf/waits.bt hands back, and the time model shown: pure functions, no I/O.
 
-Long (~465 lines) because the time model is one computation: states of @task,
+Kept in one module (~465 lines) because the time model is one computation: states of @task,
 running totals, open intervals and interval differences must agree line by line.
 
 snapshot -> ProcessTime per process (what the kernel measured, plus the
