@@ -17,9 +17,9 @@ early in vmlinux): ~0.02 s instead of ~0.15 s for the whole file.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from pgprobe.errors import EXIT_ENV, PgprobeError
@@ -39,7 +39,7 @@ _QUALIFIERS = (_TYPEDEF, _VOLATILE, _CONST, _RESTRICT, _TYPE_TAG)
 _POINTER_SIZE = 8
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class TaskOffsets:
     """Byte offsets in struct task_struct, in the order bpf/waits.bt takes them."""
 
@@ -51,8 +51,7 @@ class TaskOffsets:
     pcount: int  # sched_info.pcount: how many times it ran on a CPU (unsigned long)
 
     def as_args(self) -> list[int]:
-        return [self.sum_exec_runtime, self.prev_sum_exec_runtime, self.flags,
-                self.real_parent, self.tgid, self.pcount]  # fmt: skip
+        return [getattr(self, field.name) for field in dataclasses.fields(self)]
 
 
 # field path -> the size its type must have (what the script reads there)
