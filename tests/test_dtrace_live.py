@@ -9,7 +9,8 @@ truths of the bpftrace tests:
   time on the same pgbench load (within 10 %); the load starts after both
   tracers are attached and ends before they stop, and its backends are
   connected before dtrace starts (DTrace for Linux enables USDT per pid);
-- flame: samples = the backend's CPU time x Hz (within 10 %), md5 named.
+- flame: samples = the backend's CPU time x Hz (within 10 %), md5 named;
+- a listed backend that exits before dtrace grabs it: dtrace starts again.
 
 Attachment is read from the raw tracer output pgprobe keeps with
 PGPROBE_RECORD_DIR: "@@attached" (BEGIN ran: every probe is enabled), and
@@ -71,10 +72,12 @@ def dtrace() -> str:
 class Run:
     """pgprobe in the background with its tracer's raw output recorded; ended by Ctrl-C."""
 
-    def __init__(self, record: Path, *args: str, dtrace: str = "") -> None:
+    def __init__(self, record: Path, *args: str, dtrace: str = "", tmpdir: str = "") -> None:
         self.record = record
         record.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PGPROBE_RECORD_DIR": str(record)}
+        if tmpdir:
+            env["TMPDIR"] = tmpdir  # where pgprobe writes DTrace for Linux's per-pid script
         if dtrace:
             env["PGPROBE_DTRACE"] = dtrace
         self.started = time.monotonic()
@@ -199,6 +202,34 @@ def test_lwlocks_agree_with_bpftrace(cluster: PgCluster, dtrace: str, tmp_path: 
     print(untraced)
     named = {int(p) for w in untraced for p in re.findall(r"pid (\d+)", w)}
     assert not named & clients, (untraced, clients)
+
+
+def test_backend_that_exits_while_dtrace_compiles(
+    cluster: PgCluster, dtrace: str, tmp_path: Path
+) -> None:
+    """A listed backend that disconnects before dtrace grabs it: dtrace starts again without it.
+
+    DTrace for Linux fails to compile on it ("failed to grab process N"); CI
+    saw it with an autovacuum worker. The backend is closed as soon as the
+    per-pid script that names it is written, well before dtrace grabs it.
+    """
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    with cluster.connect() as conn:
+        leaver = conn.info.backend_pid
+        args = ["lwlocks", *cluster.conn_args, "--engine", "dtrace", "-d", "900", "--json"]
+        run = Run(tmp_path / "record", *args, dtrace=dtrace, tmpdir=str(scripts))
+        deadline = time.monotonic() + 60
+        while not any(f"postgresql{leaver}:" in f.read_text() for f in scripts.glob("*.d")):
+            assert time.monotonic() < deadline and run.process.poll() is None, "no per-pid script"
+            time.sleep(0.02)
+    run.wait_attached("@@attached")
+    doc, err, _ = run.stop()
+    print(err)
+    said = [w for w in doc["meta"]["warnings"] if f"pid {leaver} exited" in w]
+    assert said, doc["meta"]["warnings"]
+    assert "failed" not in err, err
+    assert not list(scripts.glob("*.d")), "the per-pid scripts are removed"
 
 
 def wait_for_clients(cluster: PgCluster, n: int) -> set[int]:

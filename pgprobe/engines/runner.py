@@ -1,6 +1,6 @@
 """Running a tracer process: what bpftrace and dtrace captures share.
 
-Long (~460 lines) because the tracer's life is one state machine: start, attach,
+Long (~480 lines) because the tracer's life is one state machine: start, attach,
 window, the answer probe's ending with its SIGINT fallback and its end in the
 background (which a long-running agent waits for before it exits), and stop;
 splitting it would spread one sequence of signals over files (the nice values it
@@ -128,6 +128,23 @@ class TracerProcess:
         child = self._child
         if child is not None and child.poll() is None:
             child.kill()
+
+    def rearm(self, argv: Sequence[str]) -> None:
+        """Ready a second run with a new command line after one that failed to start.
+
+        The failed run's stderr and exit status are forgotten: the engine reads them
+        for the run that counts. Only for a tracer that never attached nor was signalled.
+        """
+        assert not self.info.probes_attached and not self.asked_to_stop
+        self.argv = list(argv)
+        self.stderr = []
+        self.returncode = None
+        self.pid, self._child = None, None
+
+    @property
+    def asked_to_stop(self) -> bool:
+        """Ctrl-C, SIGTERM, request_stop() or the end of the duration reached the tracer."""
+        return self._signalled_at is not None or self._stop_requested.is_set()
 
     def run(self, feed: Callable[[bytes], Iterable[Event]]) -> Iterator[Event]:
         started = self._started = time.monotonic()

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from pgprobe import proc
 from pgprobe.engines.base import Event, MapSpec, RunInfo, TickCallback
 from pgprobe.engines.bpftrace import validate_args
 from pgprobe.engines.dtrace import perpid
@@ -32,6 +33,7 @@ from pgprobe.engines.dtrace.output import DtraceOutput
 from pgprobe.engines.dtrace.platform import find_dtrace
 from pgprobe.engines.dtrace.stderr import classify_stderr, explain_failure
 from pgprobe.engines.runner import TracerProcess
+from pgprobe.errors import EXIT_TRACER, PgprobeError
 from pgprobe.scripts import script_path
 
 Arg = int | Path
@@ -44,6 +46,8 @@ STOP_KILL_S = 180.0
 # DTrace for Linux: after "@@end", how long to wait for its probe events to be
 # removed (0.1-0.4 s measured) before killing it.
 TEARDOWN_WAIT_S = 15.0
+# DTrace for Linux: starts again after "failed to grab process N" (perpid.py).
+GRAB_RETRIES = 3
 _UPROBE_EVENTS = ("/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events")
 
 
@@ -67,23 +71,36 @@ class DtraceCapture:
         self.info = RunInfo(engine="dtrace", engine_version=self.dtrace.version)
         options = ["-q", "-L", str(self.dtrace.library_dir)]
         self.traced_pids: set[int] | None = None
+        self.ungrabbed: set[int] = set()  # pids dtrace could not grab: started again without
         self.generated: Path | None = None
+        self.cluster_pid = cluster_pid
+        self._options = options
+        self._args = validate_args(args)
         run_script = self.script
         if self.dtrace.linux and perpid.uses_usdt(self.script.read_text()):
-            self.traced_pids = perpid.provider_pids(cluster_pid)
-            self.generated = run_script = perpid.write_script(self.script, self.traced_pids)
             options.append("-Z")  # a process may exit before its probes are enabled
-        self.cluster_pid = cluster_pid
+            run_script = self._per_pid_script()
         self._killed_after_end = False
         self.process = TracerProcess(
             "dtrace",
-            [self.dtrace.path, *options, "-s", str(run_script), *validate_args(args)],
+            self._argv(run_script),
             {**os.environ, **(env or {})},
             duration,
             self.info,
             resend_sigint=False,
             kill_after_s=STOP_KILL_S,
         )
+
+    def _argv(self, run_script: Path) -> list[str]:
+        return [self.dtrace.path, *self._options, "-s", str(run_script), *self._args]
+
+    def _per_pid_script(self) -> Path:
+        """The script for the server processes running now (less those dtrace could not grab)."""
+        if self.generated is not None:
+            self.generated.unlink(missing_ok=True)
+        self.traced_pids = perpid.provider_pids(self.cluster_pid) - self.ungrabbed
+        self.generated = perpid.write_script(self.script, self.traced_pids)
+        return self.generated
 
     def request_stop(self) -> None:
         self.process.request_stop()
@@ -101,15 +118,48 @@ class DtraceCapture:
 
         try:
             yield from self.process.run(feed)
+            while self._start_again_without_ungrabbed():
+                yield from self.process.run(feed)
         finally:
             if self.generated is not None:
                 self.generated.unlink(missing_ok=True)
         self._check_exit(self.process.returncode or 0)
         if self.traced_pids is not None:
-            note = perpid.untraced_note(self.traced_pids, self.cluster_pid)
+            note = perpid.untraced_note(self.traced_pids | self.ungrabbed, self.cluster_pid)
             if note:
                 self.info.warnings.append(note)
         yield from parser.finish()
+
+    def _start_again_without_ungrabbed(self) -> bool:
+        """After "failed to grab process N": ready dtrace again without N, and say so.
+
+        N exited between the listing and the grab (the usual case: an autovacuum
+        worker, a client that disconnected) or cannot be grabbed (another debugger
+        holds it). Bounded: a server whose processes come and go faster than dtrace
+        compiles fails in one line that says so and points to bpftrace.
+        """
+        if self.generated is None or self.info.probes_attached or self.process.asked_to_stop:
+            return False
+        pid = perpid.ungrabbed_pid(self.process.stderr)
+        if pid is None or pid in self.ungrabbed:
+            return False
+        if len(self.ungrabbed) >= GRAB_RETRIES:
+            raise PgprobeError(
+                f"dtrace failed: {GRAB_RETRIES + 1} starts in a row could not grab a server "
+                f"process (the last: pid {pid}): they exit faster than dtrace compiles; use "
+                "--engine bpftrace, which also sees processes that start during the capture",
+                EXIT_TRACER,
+            )
+        self.ungrabbed.add(pid)
+        info = proc.read_info(pid)
+        if info is None or not proc.is_postgres(info):
+            what = f"pid {pid} exited while dtrace compiled: started again without it"
+        else:
+            title = info.cmdline.removeprefix("postgres: ")
+            what = f"dtrace could not grab pid {pid} ({title}; another debugger?): not traced"
+        self.info.warnings.append(f"DTrace for Linux: {what}")
+        self.process.rearm(self._argv(self._per_pid_script()))
+        return True
 
     def _end_teardown(self) -> None:
         """DTrace for Linux printed everything: kill it once its probes are removed."""
