@@ -3,9 +3,10 @@
 probe_cost's ping-pong times a context switch with two tasks and hot caches. On the real
 load (pgbench -S -c 8, both CPUs saturated) bpf/waits.bt's sched_switch program ran 5-7x
 longer per fire than there (docs/benchmarks.md). This splits that cost: small bpftrace
-programs, each adding one kind of map operation to the empty pair, and waits.bt itself,
-run in turn (the order reversed every other round) against one pgbench load on a throwaway
-cluster; the kernel's BPF statistics give the run time per fire of every program.
+programs, each adding one kind of map operation to the empty pair, waits.bt itself and
+the lean design's cost probe (bench/sched_lean.bt), run in turn (the order reversed every
+other round) against one pgbench load on a throwaway cluster; the kernel's BPF statistics
+give the run time per fire of every program.
 
     python -m bench.map_cost [--rounds 2] [--seconds 8] [--keys 65536]
 
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bench import bpfstats, common
 from pgprobe import kernelbtf
@@ -71,6 +73,11 @@ VARIANTS = (
         f"{LIVE} {SWITCH} {{ }} {WAKEUP} {{ @h[args->pid] = hist(nsecs & 0xfffff); }}",
     ),
     Variant("waits", "bpf/waits.bt (the cluster's processes are its own)", "waits"),
+    Variant(
+        "lean",
+        "bench/sched_lean.bt: switch-out only, one lookup and one update per backend's switch",
+        "lean",
+    ),
 )
 
 
@@ -83,11 +90,20 @@ class Reading:
 
 
 def _argv(variant: Variant, pm: int, wait_event_address: int) -> list[str]:
-    if variant.program != "waits":
-        return ["bpftrace", "-e", variant.program]
-    waits = os.path.join(os.path.dirname(__file__), os.pardir, "bpf", "waits.bt")
-    offsets = [str(n) for n in kernelbtf.task_offsets().as_args()]
-    return ["bpftrace", waits, str(pm), str(wait_event_address), "0", "0", "0", "0", *offsets]
+    here = Path(__file__).resolve().parent
+    if variant.program == "waits":
+        offsets = [str(n) for n in kernelbtf.task_offsets().as_args()]
+        zeros = ["0"] * 4  # interval, single pid, MyBEEntry and its st_state: not read
+        return ["bpftrace", str(here.parent / "bpf" / "waits.bt"), str(pm),
+                str(wait_event_address), *zeros, *offsets]  # fmt: skip
+    if variant.program == "lean":
+        task = kernelbtf.task_offsets()
+        btf = kernelbtf._Btf(kernelbtf.VMLINUX_BTF.read_bytes())  # a field waits.bt does not read
+        run_delay, _ = btf.offset_of("task_struct", "sched_info.run_delay")
+        fields = [task.sum_exec_runtime, run_delay, task.real_parent, task.tgid]
+        return ["bpftrace", str(here / "sched_lean.bt"), str(pm), str(wait_event_address),
+                *(str(n) for n in fields)]  # fmt: skip
+    return ["bpftrace", "-e", variant.program]
 
 
 def _program(name: str) -> str:
