@@ -98,8 +98,7 @@ def _argv(variant: Variant, pm: int, wait_event_address: int) -> list[str]:
                 str(wait_event_address), *zeros, *offsets]  # fmt: skip
     if variant.program == "lean":
         task = kernelbtf.task_offsets()
-        btf = kernelbtf._Btf(kernelbtf.VMLINUX_BTF.read_bytes())  # a field waits.bt does not read
-        run_delay, _ = btf.offset_of("task_struct", "sched_info.run_delay")
+        run_delay = kernelbtf.member_offset("task_struct", "sched_info.run_delay")
         fields = [task.sum_exec_runtime, run_delay, task.real_parent, task.tgid]
         return ["bpftrace", str(here / "sched_lean.bt"), str(pm), str(wait_event_address),
                 *(str(n) for n in fields)]  # fmt: skip

@@ -185,5 +185,10 @@ def task_offsets(path: Path = VMLINUX_BTF) -> TaskOffsets:
     return TaskOffsets(**found)
 
 
+def member_offset(struct_name: str, path: str, btf: Path = VMLINUX_BTF) -> int:
+    """The byte offset of a dotted member path in a kernel struct (for the bench's probes)."""
+    return _Btf(btf.read_bytes()).offset_of(struct_name, path)[0]
+
+
 if __name__ == "__main__":
     print(*task_offsets().as_args())

@@ -1,6 +1,6 @@
 """Running a tracer process: what bpftrace and dtrace captures share.
 
-Long (~480 lines) because the tracer's life is one state machine: start, attach,
+Long because the tracer's life is one state machine (~480 lines): start, attach,
 window, the answer probe's ending with its SIGINT fallback and its end in the
 background (which a long-running agent waits for before it exits), and stop;
 splitting it would spread one sequence of signals over files (the nice values it
