@@ -29,7 +29,9 @@ _PROG_INFO_SIZE = 256  # larger than struct bpf_prog_info's head; the kernel fil
 _PROG_INFO_NAME = slice(64, 80)  # char name[BPF_OBJ_NAME_LEN] in struct bpf_prog_info
 
 # prog_type numbers (include/uapi/linux/bpf.h) -> what fires them
-PROG_TYPES = {2: "kprobe/uprobe", 5: "tracepoint", 7: "perf_event", 17: "raw_tracepoint"}
+# 26: BTF-typed (tp_btf/fentry), what pgprobe loads from bpf/build/*.bpf.o
+PROG_TYPES = {2: "kprobe/uprobe", 5: "tracepoint", 7: "perf_event", 17: "raw_tracepoint",
+              26: "tracing"}  # fmt: skip
 
 
 def _libc() -> ctypes.CDLL:

@@ -112,7 +112,18 @@ CONFIGS = {
             0.99,
             issue="16",
         ),
-        Config("waits", "waits (sched_switch)", "pgprobe", "waits", (), 0.98, issue="14"),
+        Config(
+            "waits", "waits (compiled: bpf/waits.bpf.c)", "pgprobe", "waits", (), 0.98, issue="14"
+        ),
+        # The same time model from the bpftrace script, for comparison in the same run.
+        Config(
+            "waits-bt",
+            "waits --engine bpftrace (bpf/waits.bt, comparison)",
+            "pgprobe",
+            "waits",
+            ("--engine", "bpftrace"),
+            issue="14",
+        ),
         # What any design on sched_switch + sched_wakeup pays before doing anything: the
         # part of waits' cost that no change to waits.bt's programs can remove.
         Config(
@@ -180,6 +191,7 @@ PROFILE: dict[str, tuple[tuple[str, int], ...]] = {
         ("triage-slru", PAIRS_TIGHT),
         ("clog-reads-syscalls", PAIRS_COMPARISON),
         ("waits", PAIRS_LOOSE),
+        ("waits-bt", PAIRS_COMPARISON),
         ("sched-floor", PAIRS_COMPARISON),
         ("sched-switchout", PAIRS_COMPARISON),
         ("flame-fp", PAIRS_LOOSE),
@@ -187,6 +199,7 @@ PROFILE: dict[str, tuple[tuple[str, int], ...]] = {
     ),
     "tpcb": (
         ("waits", PAIRS_LOOSE),
+        ("waits-bt", PAIRS_COMPARISON),
         ("flame-fp", PAIRS_LOOSE),
         ("flame-dwarf", PAIRS_LOOSE),
     ),

@@ -219,8 +219,9 @@ class ToolRun:
 
 def _tracer_children(pid: int) -> list[int]:
     """The capture's tracer processes among pid's children: bpftrace (not `bpftrace
-    --version`; triage runs several side by side) and `perf record` (--unwind dwarf)."""
-    found = []
+    --version`; triage runs several side by side) and `perf record` (--unwind dwarf); and
+    pid itself once it holds BPF links (a compiled object, bpf/build/*.bpf.o, runs in it)."""
+    found = [pid] if "anon_inode:bpf_link" in (t for _, t in common.fd_targets(pid)) else []
     for child in common.children(pid):
         argv = common.cmdline(child)
         name = os.path.basename(argv[0]) if argv else ""

@@ -65,8 +65,12 @@ def bpftrace_child(ppid: int) -> int | None:
     return None
 
 
-def perf_event_fds(pid: int) -> int:
-    """How many perf events a process holds open (bpftrace: one per CPU buffer and probe)."""
+def bpf_link_fds(pid: int) -> int:
+    """How many BPF links a process holds (pgprobe itself, running a compiled object)."""
+    return _fds_named(pid, "anon_inode:bpf_link")
+
+
+def _fds_named(pid: int, target: str) -> int:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -74,11 +78,16 @@ def perf_event_fds(pid: int) -> int:
     count = 0
     for fd in fds:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]":
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
                 count += 1
         except OSError:
             continue
     return count
+
+
+def perf_event_fds(pid: int) -> int:
+    """How many perf events a process holds open (bpftrace: one per CPU buffer and probe)."""
+    return _fds_named(pid, "anon_inode:[perf_event]")
 
 
 TRIAGE_FIXTURES = Path(__file__).parent / "fixtures" / "triage"

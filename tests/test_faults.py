@@ -124,10 +124,10 @@ def test_tracer_killed_after_intervals_keeps_them_marked_partial(busy: PgCluster
 def test_triage_goes_on_without_a_killed_part(busy: PgCluster, tmp_path: Path) -> None:
     """One of triage's captures killed: the report is written, says which part and why."""
     report = tmp_path / "r.html"
-    # --unwind fp: all four parts are bpftrace processes (auto would sample with perf here)
-    run = start_pgprobe(
-        ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json", "--unwind", "fp"]
-    )
+    # --unwind fp and --engine bpftrace: all four parts are bpftrace processes (auto would
+    # sample with perf here, and run the time model from its compiled object, in pgprobe)
+    argv = ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json"]
+    run = start_pgprobe([*argv, "--unwind", "fp", "--engine", "bpftrace"])
     wait_attached(run.pid, count=4)
     (lwlock_tracer,) = tracers(run.pid, "lwlock_wait.bt")
     os.kill(lwlock_tracer, signal.SIGKILL)
@@ -190,10 +190,10 @@ def test_tools_print_what_the_probes_collected_when_the_server_stops(busy: PgClu
 def test_triage_report_is_cut_where_the_server_went_away(busy: PgCluster, tmp_path: Path) -> None:
     """pg_ctl stop 3 s into triage -d 8: the report is written, SQL cut there, a finding."""
     report = tmp_path / "r.html"
-    # --unwind fp: all four parts are bpftrace processes (auto would sample with perf here)
-    run = start_pgprobe(
-        ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json", "--unwind", "fp"]
-    )
+    # --unwind fp and --engine bpftrace: all four parts are bpftrace processes (auto would
+    # sample with perf here, and run the time model from its compiled object, in pgprobe)
+    argv = ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json"]
+    run = start_pgprobe([*argv, "--unwind", "fp", "--engine", "bpftrace"])
     wait_attached(run.pid, count=4)
     time.sleep(2)
     pg_ctl_stop(busy)

@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, need, run_pgprobe, steal_seconds_since, steal_ticks
+from helpers import CHECKOUT, bpf_link_fds, need, run_pgprobe, steal_seconds_since, steal_ticks
 from slru_workload import (
     CLUSTER_SETTINGS,
     XACT,
@@ -442,7 +442,9 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
     try:
         wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
         running = tracers(agent.pid)
-        assert set(running) == {"lwlock_wait", "clog_reads_uprobe", "profile", "waits"}, running
+        # the time model runs in the agent itself (bpf/waits.bpf.c compiled: its 4 links)
+        assert set(running) == {"lwlock_wait", "clog_reads_uprobe", "profile"}, running
+        assert bpf_link_fds(agent.pid) == 4
         os.kill(running["clog_reads_uprobe"], signal.SIGKILL)
         restarted = 'pgprobe_capture_restarts_total{source="slru"}'
         wait_for(
@@ -575,7 +577,11 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
               f"sleeps; schedstat {cpu_s:.4f} s: {got_cpu:.4f} s, steal {steal_s:.2f}, "
               f"lost events {lost:.0f}, not accounted {rest:.4f} s")  # fmt: skip
         assert abs(got_sleep - expected) <= 0.02 * expected, got_sleep
-        assert end[sleeps] - start.get(sleeps, 0.0) == 2
+        # Two pg_sleeps, and PostgreSQL's own timer may wake one of them once: timeout.c
+        # leaves SIGALRM armed when it disables a timeout (the idle stats update's, set
+        # when the backend went idle), and the stale signal lands wherever it is due
+        # (seen in a 3 s pg_sleep, 2.2 s in: two sleeps of it, both PgSleep).
+        assert 2 <= end[sleeps] - start.get(sleeps, 0.0) <= 3
         # The tracepoints time the CPU in wall clock, schedstat leaves out the time the
         # hypervisor ran another guest: over by up to the machine's steal (as test_waits).
         assert got_cpu <= 1.02 * cpu_s + steal_s, (got_cpu, cpu_s, steal_s)

@@ -168,7 +168,7 @@ class TracerProcess:
         reader = threading.Thread(target=self._drain_stderr, args=(child.stderr,), daemon=True)
         reader.start()
         feed = _recording(feed, self.name, child.pid)
-        with _StopSignals() as signals:
+        with StopSignals() as signals:
             try:
                 yield from self._pump(child, feed, signals, started)
             finally:
@@ -215,7 +215,7 @@ class TracerProcess:
         self,
         child: subprocess.Popen[bytes],
         feed: Callable[[bytes], Iterable[Event]],
-        signals: _StopSignals,
+        signals: StopSignals,
         started: float,
     ) -> Iterator[Event]:
         assert child.stdout is not None
@@ -453,7 +453,7 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-class _StopSignals:
+class StopSignals:
     """Turns Ctrl-C and SIGTERM into a flag while a capture runs.
 
     Only the main thread may install signal handlers; a capture run in another
@@ -462,7 +462,7 @@ class _StopSignals:
 
     requested = False
 
-    def __enter__(self) -> _StopSignals:
+    def __enter__(self) -> StopSignals:
         self._old = {}
         if threading.current_thread() is threading.main_thread():
             self._old = {

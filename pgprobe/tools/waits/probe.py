@@ -7,9 +7,11 @@ from pathlib import Path
 
 from pgprobe import engines, kernelbtf
 from pgprobe.discover import Targets
+from pgprobe.engines import libbpf
 from pgprobe.engines.base import Capture, KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, PgprobeError
 from pgprobe.tools import common
+from pgprobe.tools.waits import compiled
 from pgprobe.waitevents import MAJORS, address, backend_state
 
 SCRIPT = "waits"  # bpf/waits.bt
@@ -77,10 +79,20 @@ def bpf_args(args: list[int | Path]) -> list[int | Path]:
 def capture(
     ns: argparse.Namespace, args: list[int | Path], env: dict[str, str] | None = None
 ) -> Capture:
-    """The time-model capture on the chosen engine: bpf/waits.bt or d/waits.d."""
+    """The time-model capture: bpf/waits.bpf.c compiled when it is built and loads here
+    (a fraction of the script's cost per switch), else bpf/waits.bt, or d/waits.d."""
+    why = compiled.why_not(ns)
+    if why is None:
+        try:
+            return compiled.capture(args, ns.duration)
+        except libbpf.LibbpfError as e:
+            why = f"this kernel refused bpf/build/waits.bpf.o ({e})"
     dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
-    return common.capture(ns, SCRIPT, args if dtrace else bpf_args(args), MAPS,
-                          env=ENV if env is None else env)  # fmt: skip
+    running = common.capture(ns, SCRIPT, args if dtrace else bpf_args(args), MAPS,
+                             env=ENV if env is None else env)  # fmt: skip
+    if why:
+        running.info.warnings.append(f"{why}: ran bpf/waits.bt, costlier per context switch")
+    return running
 
 
 def client_read_note(where: address.WaitEventAddress, major: int) -> str | None:

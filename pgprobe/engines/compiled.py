@@ -1,0 +1,103 @@
+"""A capture run in pgprobe's own process from a compiled BPF object (pgprobe.engines.libbpf).
+
+The same Capture as a tracer's (engines.base): snapshots at each interval and at the end,
+Ctrl-C / SIGTERM / request_stop() / the duration end it, RunInfo says how it went. There is
+no tracer process to start, signal or wait for: the object is loaded and attached here
+(the verifier runs in bpf(2)), and a snapshot is pgprobe reading the maps, so a window
+ends the moment it is read (no answer probe, no END). Closing the object detaches every
+program; if pgprobe dies, the kernel detaches them with its file descriptors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pgprobe import timings
+from pgprobe.engines import libbpf
+from pgprobe.engines.base import Event, RunInfo, Snapshot, TickCallback
+from pgprobe.engines.runner import TICK_S, StopSignals
+from pgprobe.errors import EXIT_TRACER, PgprobeError
+
+# What a tool makes of the object's maps: one snapshot (and what RunInfo should say of them).
+Reader = Callable[[libbpf.BpfObject, RunInfo], Snapshot]
+
+
+class CompiledCapture:
+    """One run of a compiled object; iterate `events()` for snapshots."""
+
+    def __init__(
+        self,
+        path: Path,
+        rodata: dict[str, int],
+        read: Reader,
+        duration: float | None,
+        interval: float | None = None,
+        on_attach: Callable[[libbpf.BpfObject], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.rodata = rodata
+        self.read = read
+        self.duration = duration
+        self.interval = interval or None
+        self.on_attach = on_attach  # runs after load, before attach (e.g. the window start)
+        self.on_tick: TickCallback | None = None
+        self.info = RunInfo(engine="libbpf", engine_version=libbpf.version())
+        self._stop = False
+        # Loaded (verified) here, attached by events(): a kernel that refuses the object
+        # raises LibbpfError now, and the tool can run its bpftrace script instead.
+        self._started = time.monotonic()
+        timings.mark("libbpf-spawned")  # loading starts (the marks the bench reads in pairs)
+        self._obj = libbpf.BpfObject(self.path, self.rodata)
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def events(self) -> Iterator[Event]:
+        started, obj = self._started, self._obj
+        with obj, StopSignals() as signals:
+            if self.on_attach is not None:
+                self.on_attach(obj)
+            try:
+                obj.attach()
+            except libbpf.LibbpfError as e:
+                raise PgprobeError(str(e), EXIT_TRACER) from None
+            attached = time.monotonic()
+            self.info.probes_attached = len(obj.program_fds())
+            self.info.attach_seconds = attached - started
+            timings.mark("libbpf-attached")
+            next_print = attached + self.interval if self.interval else None
+            while True:
+                now = time.monotonic()
+                self.info.duration_seconds = now - attached
+                remaining = None
+                if self.duration is not None:
+                    remaining = max(0.0, self.duration - (now - attached))
+                stopping = signals.requested or self._stop
+                if stopping or remaining == 0.0:
+                    self.info.interrupted = stopping
+                    break
+                if next_print is not None and now >= next_print:
+                    next_print += self.interval  # type: ignore[operator]
+                    yield self._snapshot(obj, final=False)
+                if self.on_tick is not None:
+                    self.on_tick(self.info, remaining)
+                waits = [TICK_S]
+                if remaining is not None:
+                    waits.append(remaining)
+                if next_print is not None:
+                    waits.append(next_print - now)
+                time.sleep(max(0.001, min(waits)))
+            # The window ends at this read; the programs stop counting when it closes.
+            self.info.stopped_counting = True
+            self.info.duration_seconds = time.monotonic() - attached
+            self.info.missed_runs = libbpf.recursion_misses(obj.program_fds())
+            final = self._snapshot(obj, final=True)
+            timings.mark("libbpf-read")
+        yield final
+
+    def _snapshot(self, obj: libbpf.BpfObject, final: bool) -> Snapshot:
+        snapshot = self.read(obj, self.info)
+        snapshot.final = final
+        return snapshot

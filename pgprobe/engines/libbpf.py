@@ -1,0 +1,318 @@
+"""The libbpf engine: load a compiled BPF object with the system's libbpf, attach it, read its maps.
+
+Why: some tools' cost per event must be lower than bpftrace 0.17 allows. A compiled
+object (clang -target bpf, CO-RE) attaches to raw BTF tracepoints (SEC("tp_btf/...")):
+the program gets the kernel's own arguments, with no perf record filled per event as
+for classic tracepoints, and reads task_struct fields as plain loads instead of a
+helper call per read. pgprobe loads it with the system's libbpf.so.1 through ctypes:
+bpftrace's own dependency, so present wherever bpftrace is, and nothing to build.
+
+Every failure is a LibbpfError of one line; libbpf's own messages never reach the
+terminal: they are kept in BpfObject.log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import platform
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+
+_V, _INT, _U32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32  # c_void_p: libbpf's opaque types
+_PRINT_FN = ctypes.CFUNCTYPE(_INT, _INT, ctypes.c_char_p, _V)  # int (*)(level, fmt, va_list)
+_PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
+    "libbpf_set_print": (_V, [_PRINT_FN]), "libbpf_get_error": (ctypes.c_long, [_V]),
+    "libbpf_version_string": (ctypes.c_char_p, []),
+    "bpf_object__open_file": (_V, [ctypes.c_char_p, _V]), "bpf_object__load": (_INT, [_V]),
+    "bpf_object__close": (None, [_V]), "bpf_object__next_program": (_V, [_V, _V]),
+    "bpf_object__find_map_by_name": (_V, [_V, ctypes.c_char_p]),
+    "bpf_program__name": (ctypes.c_char_p, [_V]), "bpf_program__fd": (_INT, [_V]),
+    "bpf_program__attach": (_V, [_V]), "bpf_link__destroy": (_INT, [_V]),
+    "bpf_map__initial_value": (_V, [_V, ctypes.POINTER(ctypes.c_size_t)]),
+    "bpf_map__fd": (_INT, [_V]), "bpf_map__type": (_INT, [_V]),
+    "bpf_map__key_size": (_U32, [_V]), "bpf_map__value_size": (_U32, [_V]),
+    "bpf_map__max_entries": (_U32, [_V]),
+    "bpf_map_get_next_key": (_INT, [_INT, _V, _V]), "bpf_map_lookup_elem": (_INT, [_INT, _V, _V]),
+    "bpf_map_update_elem": (_INT, [_INT, _V, _V, ctypes.c_uint64]),
+}  # fmt: skip
+_LIBBPF_DEBUG = 2  # enum libbpf_print_level: WARN 0, INFO 1, DEBUG 2 (dropped, as libbpf's default)
+_PERCPU_MAPS = {5, 6, 10, 21}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
+# sizeof(va_list) where va_copy is a plain struct copy (and va_list arrives as a pointer).
+_VA_LIST_SIZE = {"x86_64": 24, "aarch64": 32}.get(platform.machine())
+
+# libbpf's prefixes, and the lines around a verifier log that say nothing of the cause.
+_PREFIX = re.compile(r"^libbpf: (?:prog '[^']*': )?")
+_FAILED_PROG = re.compile(r"prog '([^']+)': (?:BPF program load failed|failed to load)")
+_NOISE = re.compile(
+    r"failed to load object|failed to load: -?\d+$|processed \d+ insns|verification time"
+    r"|stack depth|-- (?:BEGIN|END) PROG LOAD LOG --|failed to prepare load attributes"
+)
+
+
+class LibbpfError(Exception):
+    """A failure to open, load, attach or read a BPF object: one line, to show the user."""
+
+
+# The log libbpf's messages go to: set before each call that may print. libbpf calls the
+# print function in the calling thread, so objects used in other threads keep their own.
+_sink = threading.local()
+
+
+def _print(level: int, fmt: bytes | None, args: int | None) -> int:
+    log: list[str] | None = getattr(_sink, "log", None)
+    if log is None or fmt is None or level == _LIBBPF_DEBUG:
+        return 0
+    log.extend(line for line in _format(fmt, args).splitlines() if line.strip())
+    return 0
+
+
+_LIBC = ctypes.CDLL(None)  # the process's libc: vsnprintf formats libbpf's va_list messages
+_LIBC.vsnprintf.restype = _INT
+_LIBC.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, _V]
+_PRINT = _PRINT_FN(_print)  # module-level: libbpf keeps the pointer for the process's life
+
+
+def _format(fmt: bytes, args: int | None) -> str:
+    size = 1 << 16
+    if _VA_LIST_SIZE and args:
+        # A verifier log comes whole in one message and its end matters most: measure it
+        # on a copy of the va_list (vsnprintf consumes the one it gets), then format it all.
+        copy = ctypes.create_string_buffer(_VA_LIST_SIZE)
+        ctypes.memmove(copy, args, _VA_LIST_SIZE)
+        size = max(_LIBC.vsnprintf(None, 0, fmt, copy), 0) + 1
+    buf = ctypes.create_string_buffer(size)
+    _LIBC.vsnprintf(buf, size, fmt, args)
+    return buf.value.decode(errors="replace")
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    lib.libbpf_set_print(_PRINT)  # before any other call: libbpf never writes to stderr itself
+    return lib
+
+
+def unavailable() -> str | None:
+    """Why a compiled object cannot be loaded here (one line), or None."""
+    try:
+        _lib()
+    except (OSError, AttributeError):
+        return "libbpf.so.1 (libbpf 1.x) is not installed"
+    if os.geteuid() != 0:
+        return "loading BPF programs needs root"
+    if not VMLINUX_BTF.exists():
+        return f"the kernel has no BTF ({VMLINUX_BTF} is missing)"
+    return None
+
+
+def version() -> str:
+    """libbpf's version ("1.1"), or "" when it is not installed."""
+    try:
+        return str(_lib().libbpf_version_string().decode()).lstrip("v")
+    except (OSError, AttributeError):
+        return ""
+
+
+def recursion_misses(fds: list[int]) -> int:
+    """Runs the kernel skipped, summed over programs (fdinfo's recursion_misses, 5.12+)."""
+    total = 0
+    for fd in fds:
+        with open(f"/proc/self/fdinfo/{fd}") as fh:
+            total += sum(int(ln.split()[1]) for ln in fh if ln.startswith("recursion_misses:"))
+    return total
+
+
+def _rodata_symbols(path: Path) -> dict[str, tuple[int, int]]:
+    """The object's `const volatile` globals: name -> (offset in .rodata, size)."""
+    try:
+        with path.open("rb") as fh:
+            elf = ELFFile(fh)
+            index = next((i for i, s in enumerate(elf.iter_sections()) if s.name == ".rodata"), -1)
+            symtab = elf.get_section_by_name(".symtab")
+            if index < 0 or not isinstance(symtab, SymbolTableSection):
+                return {}
+            return {
+                str(s.name): (int(s["st_value"]), int(s["st_size"]))
+                for s in symtab.iter_symbols()
+                if s["st_shndx"] == index and s["st_info"]["type"] == "STT_OBJECT"
+            }
+    except (OSError, ELFError) as exc:
+        raise LibbpfError(f"cannot read {path}: {exc}") from None
+
+
+def _cause(log: list[str]) -> str | None:
+    """The last line of libbpf's log that says why (a verifier log's error, not its stats)."""
+    for line in reversed(log):
+        text = _PREFIX.sub("", line).strip()
+        if text and not _NOISE.search(text):
+            return text
+    return None
+
+
+class BpfObject:
+    """A compiled BPF object, loaded (verified) on construction; attach() starts its programs."""
+
+    def __init__(self, path: Path, rodata: dict[str, int]) -> None:
+        self.path = path
+        self.log: list[str] = []
+        self._obj: int | None = None
+        self._links: list[int] = []
+        symbols = _rodata_symbols(path) if rodata else {}
+        if unknown := [name for name in rodata if name not in symbols]:
+            raise LibbpfError(f"{path.name} has no const volatile global named {unknown[0]}")
+        lib = _lib()
+        _sink.log = self.log
+        self._obj = lib.bpf_object__open_file(os.fsencode(path), None)
+        if not self._obj:
+            why = _cause(self.log) or os.strerror(ctypes.get_errno())
+            raise LibbpfError(f"cannot open {path}: {why}")
+        try:
+            self._set_rodata(rodata, symbols)
+            _sink.log = self.log
+            err = lib.bpf_object__load(self._obj)
+            if err < 0:
+                failed = [m.group(1) for line in self.log if (m := _FAILED_PROG.search(line))]
+                what = f"program {failed[0]} in {path.name}" if failed else path.name
+                raise LibbpfError(f"{what} failed to load: {_cause(self.log) or os.strerror(-err)}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_rodata(self, rodata: dict[str, int], symbols: dict[str, tuple[int, int]]) -> None:
+        if not rodata:
+            return
+        lib = _lib()
+        ro = lib.bpf_object__find_map_by_name(self._obj, b".rodata")
+        size = ctypes.c_size_t()
+        base = lib.bpf_map__initial_value(ro, ctypes.byref(size)) if ro else None
+        if not base:
+            raise LibbpfError(f"libbpf found no .rodata in {self.path.name}")
+        for name, value in rodata.items():
+            offset, width = symbols[name]
+            bits = 8 * width
+            fits = -(1 << (bits - 1)) <= value < (1 << bits)  # as signed or as unsigned
+            if width not in (1, 2, 4, 8) or offset + width > size.value or not fits:
+                raise LibbpfError(f"{name}={value} does not fit its {width} bytes")
+            # The initial value is libbpf's copy, written into the map at load: writable until then.
+            raw = (value & ((1 << bits) - 1)).to_bytes(width, sys.byteorder)
+            ctypes.memmove(base + offset, raw, width)
+
+    def _programs(self) -> Iterator[tuple[str, int]]:
+        if not self._obj:
+            raise LibbpfError(f"{self.path.name} is closed")
+        lib = _lib()
+        prog = lib.bpf_object__next_program(self._obj, None)
+        while prog:
+            yield lib.bpf_program__name(prog).decode(errors="replace"), prog
+            prog = lib.bpf_object__next_program(self._obj, prog)
+
+    def attach(self) -> None:
+        """Attach every program (at the place its SEC() names); the links live until close()."""
+        lib = _lib()
+        for name, prog in self._programs():
+            start = len(self.log)
+            _sink.log = self.log
+            link = lib.bpf_program__attach(prog)
+            err = lib.libbpf_get_error(link)  # NULL and errno on failure, in libbpf 1.x
+            if err or not link:
+                why = _cause(self.log[start:]) or os.strerror(-err or errno.ENOENT)
+                raise LibbpfError(f"cannot attach program {name} of {self.path.name}: {why}")
+            self._links.append(link)
+
+    def _map(self, name: str) -> tuple[int, int, int, int]:
+        """A map's fd, key size, value size, max entries; per-CPU maps are refused."""
+        lib = _lib()
+        m = lib.bpf_object__find_map_by_name(self._obj, name.encode()) if self._obj else None
+        if not m:
+            raise LibbpfError(f"{self.path.name} has no map named {name} (or is closed)")
+        if lib.bpf_map__type(m) in _PERCPU_MAPS:
+            raise LibbpfError(f"map {name} of {self.path.name} is per-CPU: not supported")
+        sizes = (lib.bpf_map__key_size(m), lib.bpf_map__value_size(m), lib.bpf_map__max_entries(m))
+        return (lib.bpf_map__fd(m), *sizes)
+
+    def map_fd(self, name: str) -> int:
+        return self._map(name)[0]
+
+    def items(self, name: str) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) of a hash or array map, as raw bytes, each key once."""
+        lib = _lib()
+        fd, key_size, value_size, max_entries = self._map(name)
+        key, nxt = ctypes.create_string_buffer(key_size), ctypes.create_string_buffer(key_size)
+        value = ctypes.create_string_buffer(value_size)
+        # A key deleted between two calls makes get_next_key start again from the first
+        # key: the dict keeps each key once, with the value read last.
+        out: dict[bytes, bytes] = {}
+        prev: ctypes.Array[ctypes.c_char] | None = None
+        for _ in range(4 * max_entries + 16):  # a pass and a few restarts, never endless
+            if (err := lib.bpf_map_get_next_key(fd, prev, nxt)) < 0:
+                break
+            if (err := lib.bpf_map_lookup_elem(fd, nxt, value)) == 0:
+                out[nxt.raw] = value.raw
+            elif err != -errno.ENOENT:  # ENOENT: deleted since get_next_key returned it
+                break
+            ctypes.memmove(key, nxt, key_size)
+            prev = key
+        else:
+            err = -errno.EAGAIN  # the map kept changing under the reads
+        if err != -errno.ENOENT:  # get_next_key's ENOENT: no key after the last one
+            raise LibbpfError(f"cannot read map {name} of {self.path.name}: {os.strerror(-err)}")
+        return list(out.items())
+
+    def lookup(self, name: str, key: bytes) -> bytes | None:
+        """One entry's value, or None when the key is absent (a task storage map's key is a
+        pidfd of the task: such maps cannot be walked, only asked)."""
+        fd, key_size, value_size, _ = self._map(name)
+        if len(key) != key_size:
+            raise LibbpfError(f"map {name} takes {key_size}-byte keys")
+        value = ctypes.create_string_buffer(value_size)
+        err = _lib().bpf_map_lookup_elem(fd, key, value)
+        if err == -errno.ENOENT:
+            return None
+        if err < 0:
+            raise LibbpfError(f"cannot read map {name} of {self.path.name}: {os.strerror(-err)}")
+        return value.raw
+
+    def update(self, name: str, key: bytes, value: bytes) -> None:
+        """Set one entry (BPF_ANY: create or replace); sizes must be the map's."""
+        fd, key_size, value_size, _ = self._map(name)
+        if (len(key), len(value)) != (key_size, value_size):
+            raise LibbpfError(f"map {name} takes {key_size}-byte keys, {value_size}-byte values")
+        err = _lib().bpf_map_update_elem(fd, key, value, 0)
+        if err < 0:
+            raise LibbpfError(f"cannot update map {name} of {self.path.name}: {os.strerror(-err)}")
+
+    def program_fds(self) -> list[int]:
+        """Each program's fd (its /proc/self/fdinfo has run_time_ns, recursion_misses...)."""
+        return [_lib().bpf_program__fd(prog) for _, prog in self._programs()]
+
+    def close(self) -> None:
+        """Detach (destroy the links) and free everything; idempotent."""
+        lib = _lib()
+        for link in self._links:
+            lib.bpf_link__destroy(link)
+        self._links.clear()
+        if self._obj:
+            lib.bpf_object__close(self._obj)
+            self._obj = None
+
+    def __enter__(self) -> BpfObject:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -1,0 +1,137 @@
+"""`pgprobe waits` on bpf/waits.bpf.c, compiled: its maps read into waits.bt's snapshot.
+
+The compiled object keeps waits.bt's maps, keys and @task states (bpf/waits.bpf.c), at a
+fraction of its cost per context switch (docs/benchmarks.md): records.py reads either the
+same way. It is used when scripts/build-bpf has built it and this kernel loads it (raw BTF
+tracepoints, Linux 5.5+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in
+one line. `--engine bpftrace` asks for the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import time
+from pathlib import Path
+
+from pgprobe import engines, proc
+from pgprobe.engines import libbpf
+from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
+from pgprobe.engines.compiled import CompiledCapture
+from pgprobe.errors import PgprobeError
+from pgprobe.scripts import script_path
+
+OBJECT = "build/waits.bpf.o"  # under bpf/, built by scripts/build-bpf
+WINDOW, GAP, REFUSED = 0, 1, 2  # the object's `scalars` slots
+
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+_PAIR = struct.Struct("<II")
+_HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
+_TASK = struct.Struct("<11Q")  # waits.bt's @task tuple, then two cached pointers
+_BY_TID = ("cpu_ns", "born_ns", "exit_ns", "first_runs")
+_BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
+
+
+def object_path() -> Path | None:
+    try:
+        return script_path("bpf", OBJECT)
+    except PgprobeError:
+        return None
+
+
+def why_not(ns: argparse.Namespace) -> str | None:
+    """Why the compiled object is not used for this capture (None: it is); "" = not said."""
+    if engines.choose(getattr(ns, "engine", "auto")) != "bpftrace":
+        return ""  # DTrace
+    if getattr(ns, "engine", "auto") == "bpftrace":
+        return ""  # asked for the script
+    if object_path() is None:
+        return "bpf/build/waits.bpf.o is not built (scripts/build-bpf builds it with clang)"
+    return libbpf.unavailable()
+
+
+def capture(args: list[int | Path], duration: float | None) -> CompiledCapture:
+    """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals."""
+    postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
+    path = object_path()
+    assert path is not None
+    rodata = {"postmaster": postmaster, "wei_addr": address, "only_pid": single,
+              "be_addr": be_address, "state_off": state_offset,
+              "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
+
+    def start_window(obj: libbpf.BpfObject) -> None:
+        # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
+        obj.update("scalars", _U32.pack(WINDOW), _U64.pack(time.monotonic_ns()))
+
+    def read_all(obj: libbpf.BpfObject, info: RunInfo) -> Snapshot:
+        return read(obj, info, postmaster, single)
+
+    return CompiledCapture(path, rodata, read_all, duration, interval or None, start_window)
+
+
+def _pointer_at(pid: int, address: int) -> int:
+    """What my_wait_event_info holds in the postmaster (it has no PGPROC): the address a
+    process points it at until it has one; 0 when unreadable (the object then caches
+    nothing and reads the pointer at every sleep)."""
+    try:
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+            mem.seek(address)
+            return int.from_bytes(mem.read(8), "little")
+    except (OSError, ValueError):
+        return 0
+
+
+def _tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[Key, AggValue]:
+    """@task of these processes: its state lives in the task (task local storage, asked by
+    pidfd). An exited process has none left: its totals went to the maps at its last
+    switch-out."""
+    out: dict[Key, AggValue] = {}
+    for pid in pids:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone
+        try:
+            value = obj.lookup("task", _I32.pack(pidfd))
+        finally:
+            os.close(pidfd)
+        if value is not None:
+            out[(pid,)] = _TASK.unpack(value)[:9]
+    return out
+
+
+def read(obj: libbpf.BpfObject, info: RunInfo, postmaster: int, single: int) -> Snapshot:
+    """The maps as waits.bt prints them, @now_ns the moment the read began.
+
+    @wait_ns is read right before @task: a wait event's running total moves from the task
+    to @wait_ns when the event changes, and a move in between shifts that time to the next
+    window (waits.bt's prints have the same order); the /proc scan is done first."""
+    pids = [single] if single else [postmaster, *proc.children(postmaster)]
+    now = time.monotonic_ns()
+    maps: dict[str, dict[Key, AggValue]] = {"now_ns": {(): now}}
+    scalars = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in obj.items("scalars")}
+    maps["window_ns"] = {(): scalars.get(WINDOW, 0)}
+    if scalars.get(GAP):
+        maps["gap_ns"] = {(): scalars[GAP]}
+    for name in _BY_TID:
+        maps[name] = {(_U32.unpack(k)[0],): _U64.unpack(v)[0] for k, v in obj.items(name)}
+    for name in _BY_PAIR:
+        maps[name] = {_PAIR.unpack(k): _U64.unpack(v)[0] for k, v in obj.items(name)}
+    maps["task"] = _tasks(obj, pids)
+    maps["wait_hist"] = _hists(obj.items("wait_hist"))
+    info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
+    return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
+
+
+def _hists(items: list[tuple[bytes, bytes]]) -> dict[Key, AggValue]:
+    """(tid, wei, slot) -> count into a Log2Hist per (tid, wei): slot 0 holds 0, slot k
+    2^(k-1) .. 2^k - 1 (bpftrace's hist buckets)."""
+    buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for k, v in items:
+        tid, wei, slot, _ = _HIST_KEY.unpack(k)
+        low, high = (0, 0) if slot == 0 else (1 << (slot - 1), (1 << slot) - 1)
+        buckets.setdefault((tid, wei), []).append((low, high, _U64.unpack(v)[0]))
+    return {key: Log2Hist(tuple(sorted(b))) for key, b in buckets.items()}
