@@ -112,9 +112,7 @@ CONFIGS = {
             0.99,
             issue="16",
         ),
-        Config(
-            "waits", "waits (compiled: bpf/waits.bpf.c)", "pgprobe", "waits", (), 0.98, issue="14"
-        ),
+        Config("waits", "waits (sched_switch)", "pgprobe", "waits", (), 0.98, issue="14"),
         # The same time model from the bpftrace script, for comparison in the same run.
         Config(
             "waits-bt",
@@ -199,7 +197,6 @@ PROFILE: dict[str, tuple[tuple[str, int], ...]] = {
     ),
     "tpcb": (
         ("waits", PAIRS_LOOSE),
-        ("waits-bt", PAIRS_COMPARISON),
         ("flame-fp", PAIRS_LOOSE),
         ("flame-dwarf", PAIRS_LOOSE),
     ),

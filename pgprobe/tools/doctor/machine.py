@@ -12,9 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pgprobe import usdt
-from pgprobe.engines import bpftrace
+from pgprobe.engines import bpftrace, libbpf
 from pgprobe.errors import PgprobeError
 from pgprobe.tools.doctor.records import Check
+from pgprobe.tools.waits import compiled
 
 MIN_BPFTRACE = (0, 12)
 CAP_PERFMON, CAP_BPF = 38, 39
@@ -65,6 +66,25 @@ def check_btf() -> Check:
         "btf", "fail", "the kernel has no BTF (/sys/kernel/btf/vmlinux)",
         "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (all current distributions)",
     )  # fmt: skip
+
+
+def check_compiled_waits() -> Check:
+    """Whether waits (and triage's time model, serve, lwlocks' fallback) runs its compiled
+    form here: the object built, and this kernel's verifier takes it (a real load)."""
+    name, fallback = "waits compiled", "waits runs bpf/waits.bt, about twice the cost per switch"
+    path = compiled.object_path()
+    if path is None:
+        return Check(name, "warn", f"bpf/build/waits.bpf.o is not built: {fallback}",
+                     "sudo scripts/build-bpf (needs clang and libbpf-dev)")  # fmt: skip
+    if why := libbpf.unavailable():
+        return Check(name, "warn", f"{why}: {fallback}")
+    try:
+        with libbpf.BpfObject(path, {}):
+            pass
+    except libbpf.LibbpfError as exc:
+        return Check(name, "warn", f"this kernel refuses it ({exc}): {fallback}",
+                     "Linux 6.2 or later with BTF")  # fmt: skip
+    return Check(name, "ok", f"{path} loads (libbpf {libbpf.version()})")
 
 
 def check_tracefs() -> Check:

@@ -23,13 +23,15 @@ NEEDS = {
     "connection": ("triage",),
     "wait event address": ("waits",),
     "backend state address": (),  # waits runs; idle in transaction is then "unknown"
+    "waits compiled": (),  # waits runs bpf/waits.bt instead
 }
 # A tool that still runs, with a part left out, when another tool cannot run.
 IN_PART = {
+    "waits compiled": {"waits": "from bpf/waits.bt: about twice the cost per context switch"},
     "usdt probes": {
         "lwlocks": "LWLock sleeps from the scheduler, not waits",
         "triage": "without its LWLock table",
-    }
+    },
 }
 
 

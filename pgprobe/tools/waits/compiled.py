@@ -104,11 +104,7 @@ def _tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[Key, AggValue]:
 
 
 def read(obj: libbpf.BpfObject, info: RunInfo, postmaster: int, single: int) -> Snapshot:
-    """The maps as waits.bt prints them, @now_ns the moment the read began.
-
-    @wait_ns is read right before @task: a wait event's running total moves from the task
-    to @wait_ns when the event changes, and a move in between shifts that time to the next
-    window (waits.bt's prints have the same order); the /proc scan is done first."""
+    """The maps as waits.bt prints them, @now_ns the moment the read began."""
     pids = [single] if single else [postmaster, *proc.children(postmaster)]
     now = time.monotonic_ns()
     maps: dict[str, dict[Key, AggValue]] = {"now_ns": {(): now}}
@@ -116,14 +112,41 @@ def read(obj: libbpf.BpfObject, info: RunInfo, postmaster: int, single: int) -> 
     maps["window_ns"] = {(): scalars.get(WINDOW, 0)}
     if scalars.get(GAP):
         maps["gap_ns"] = {(): scalars[GAP]}
+    before = _tasks(obj, pids)
     for name in _BY_TID:
         maps[name] = {(_U32.unpack(k)[0],): _U64.unpack(v)[0] for k, v in obj.items(name)}
     for name in _BY_PAIR:
         maps[name] = {_PAIR.unpack(k): _U64.unpack(v)[0] for k, v in obj.items(name)}
-    maps["task"] = _tasks(obj, pids)
+    maps["task"] = _consistent(obj, before, _tasks(obj, pids), maps["wait_ns"])
     maps["wait_hist"] = _hists(obj.items("wait_hist"))
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
+
+
+def _consistent(
+    obj: libbpf.BpfObject,
+    before: dict[Key, AggValue],
+    after: dict[Key, AggValue],
+    wait_ns: dict[Key, AggValue],
+) -> dict[Key, AggValue]:
+    """@task as of the moment @wait_ns was read, read before and after it.
+
+    When a process's wait event changes, its running total (fields 7, 8) moves from the task
+    to @wait_ns. A move between the two reads would count that time in neither (a window
+    short, the next one long: waits.bt's prints have this race) or in both: so the entry
+    read on the same side of the move as @wait_ns is kept. @wait_ns read again tells which
+    side: grown since, the move came after it (keep the entry from before)."""
+    out = dict(after)
+    for key, old in before.items():
+        new = after.get(key)
+        if not isinstance(old, tuple) or (isinstance(new, tuple) and new[7] == old[7]):
+            continue  # the same wait event: nothing moved (an exit moves its totals too)
+        moved = (int(str(key[0])), old[7])
+        now = obj.lookup("wait_ns", _PAIR.pack(*moved))
+        read = wait_ns.get(moved, 0)
+        if now is not None and isinstance(read, int) and _U64.unpack(now)[0] > read:
+            out[key] = old
+    return out
 
 
 def _hists(items: list[tuple[bytes, bytes]]) -> dict[Key, AggValue]:
