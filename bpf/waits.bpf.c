@@ -266,6 +266,19 @@ static __always_inline bool longer_than_run(__u64 span, __u64 run, struct task_s
 	return span > run + 250000 + span / 16 && !(p->flags & PF_EXITING);
 }
 
+/* On CPU since the switch-in seen: that span, or the kernel's run when events were lost */
+static __always_inline __u64 run_since(__u64 now, __u64 since, __u64 run, __u32 prev,
+				       struct task_struct *p)
+{
+	__u64 span = now - since;
+
+	if (longer_than_run(span, run, p)) {
+		add2(&unseen, 1, prev, 1);
+		return run;
+	}
+	return span;
+}
+
 /*
  * The wait event the process published: *my_wait_event_info. A read of user memory costs
  * ~190 ns here (bpf_probe_read_user), so the pointers, which a process sets once (to its
@@ -308,21 +321,10 @@ static __always_inline void switch_out(__u64 now, __u32 prev, __u64 state, struc
 		t = &z;	/* waits.bt: an absent key reads as zeros */
 	__u64 oncpu = t->cpu;
 	if (t->state == ON_CPU) {
-		span = now - t->since;
-		if (longer_than_run(span, run, p)) {
-			add2(&unseen, 1, prev, 1);
-			span = run;
-		}
-		oncpu += span;
+		oncpu += run_since(now, t->since, run, prev, p);
 	} else if (t->state == PENDING_ON_CPU || t->state == PENDING_LOST_TRACK) {
-		if (t->state == PENDING_ON_CPU) {
-			span = now - t->since;
-			if (longer_than_run(span, run, p)) {
-				add2(&unseen, 1, prev, 1);
-				span = run;
-			}
-			oncpu += span;
-		}
+		if (t->state == PENDING_ON_CPU)
+			oncpu += run_since(now, t->since, run, prev, p);
 		if (t->a > 0 || t->b > 0)
 			set(&first_runs, prev, p->sched_info.pcount);
 		if (t->a > 0)
