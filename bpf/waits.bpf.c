@@ -14,7 +14,11 @@
  *   - a task that is not the cluster's is recognised from its own fields at every event,
  *     so it never gets a map entry (waits.bt keeps a "not ours" entry per task, looked up
  *     at every switch);
- *   - map values are updated in place (one lookup; bpftrace writes the whole value back).
+ *   - map values are updated in place (one lookup; bpftrace writes the whole value back);
+ *   - no sched_wakeup program: when a sleep ends (its switch-in), the time it then spent
+ *     in a runqueue is the kernel's own count (sched_info: run_delay and last_queued,
+ *     schedstat's second field), so the time off CPU splits between the wait event and
+ *     the runqueue without a probe on every wakeup of the machine (end_sleep).
  * pgprobe reads the maps itself (pgprobe/engines/libbpf.py): no interval or answer
  * probe, and a window ends the moment pgprobe reads them.
  *
@@ -37,18 +41,31 @@
 #include <bpf/bpf_tracing.h>
 
 typedef _Bool bool;
+#define true 1
+#define false 0
 typedef int pid_t;
 
 char LICENSE[] SEC("license") = "GPL";
 
 /* The fields read, CO-RE relocated to the running kernel's struct layout. */
+struct rq {
+	__u64 clock;
+} __attribute__((preserve_access_index));
+
+struct cfs_rq {
+	struct rq *rq;
+} __attribute__((preserve_access_index));
+
 struct sched_entity {
 	__u64 sum_exec_runtime;
 	__u64 prev_sum_exec_runtime;
+	struct cfs_rq *cfs_rq;
 } __attribute__((preserve_access_index));
 
 struct sched_info {
 	unsigned long pcount;
+	unsigned long long run_delay;
+	unsigned long long last_queued;
 } __attribute__((preserve_access_index));
 
 struct task_struct {
@@ -76,13 +93,14 @@ const volatile __u64 local_wei = 0;
 #define PF_EXITING 0x4
 #define MAX_TASKS 65536
 
-/* @task states (waits.bt) */
+/* @task states (waits.bt); without a wakeup program, WOKEN is a forked task's only */
 enum { UNKNOWN, ON_CPU, PREEMPTED, WOKEN, ASLEEP, PENDING_WOKEN, PENDING_ON_CPU,
        LOST_TRACK, PENDING_LOST_TRACK };
 
-struct task_state {	/* waits.bt's @task tuple, field for field, then two cached pointers */
+struct task_state {	/* waits.bt's @task tuple, field for field, then three of its own */
 	__u64 since, state, a, b, cpu, runq2, runq3, wei, wait;
 	__u64 wei_ptr, be_ptr;	/* my_wait_event_info's and MyBEEntry's values, once set */
+	__u64 run_delay;	/* the kernel's runqueue total when it last went to sleep */
 };
 struct tid_u32 {
 	__u32 tid, n;
@@ -124,11 +142,13 @@ HASH(unseen, struct tid_u32, __u64);	/* (kind, tid) */
 
 /*
  * [0] window_ns: when the capture began (pgprobe writes it before attaching);
- * [1] gap_ns (waits.bt's @gap_ns); [2] map updates refused (a map full), said by pgprobe
+ * [1] gap_ns (waits.bt's @gap_ns); [2] map updates refused (a map full), said by pgprobe;
+ * [3] read_ns: when pgprobe last read the maps (it writes it first; see switch_in)
  */
+enum { WINDOW_NS, GAP_NS, REFUSED, READ_NS };
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 3);
+	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __u64);
 } scalars SEC(".maps");
@@ -155,7 +175,7 @@ static __always_inline __u64 scalar(__u32 i)
 
 static __always_inline void refused(void)
 {
-	__u32 i = 2;
+	__u32 i = REFUSED;
 	__u64 *v = bpf_map_lookup_elem(&scalars, &i);
 	if (v)
 		__sync_fetch_and_add(v, 1);
@@ -232,7 +252,7 @@ static __always_inline void put(struct task_struct *p, struct task_state *t, boo
 		return;
 	}
 	struct task_state n = { since, state, a, b, t->cpu, t->runq2, t->runq3, t->wei, t->wait,
-				t->wei_ptr, t->be_ptr };
+				t->wei_ptr, t->be_ptr, t->run_delay };
 	create(p, &n);
 }
 
@@ -330,8 +350,8 @@ static __always_inline void switch_out(__u64 now, __u32 prev, __u64 state, struc
 		if (t->a > 0)
 			add2(&wait_ns, prev, 2, t->a);
 		add2(&runq_ns, prev, t->a > 0 ? 3 : 4, t->b);
-	} else if ((t->state == UNKNOWN || t->state == PENDING_WOKEN) && scalar(0) > 0) {
-		span = now - scalar(0);
+	} else if ((t->state == UNKNOWN || t->state == PENDING_WOKEN) && scalar(WINDOW_NS) > 0) {
+		span = now - scalar(WINDOW_NS);
 		if (longer_than_run(span, run, p)) {
 			__u64 before = span - run;
 			if (t->state == PENDING_WOKEN) {
@@ -361,10 +381,59 @@ static __always_inline void switch_out(__u64 now, __u32 prev, __u64 state, struc
 		return;
 	}
 	t->cpu = oncpu;
-	if (state & 0xff)
+	if (state & 0xff) {
+		t->run_delay = p->sched_info.run_delay;
 		put(p, t, t != &z, now, ASLEEP, read_wait_event(t), 0);
-	else
+	} else
 		put(p, t, t != &z, now, PREEMPTED, 0, 0);
+}
+
+/*
+ * How long this task waited in a runqueue since its run_delay in n was read (since_known:
+ * when it went to sleep, or pgprobe's seed) or, without that, since it was last queued: what the kernel adds to its run_delay (the
+ * second field of /proc/PID/schedstat) when it switches in, right after this
+ * tracepoint, plus what it added already (a task moved to another CPU's queue gets
+ * its time on the first queue then). On the kernel's rq clock, as schedstat.
+ */
+static __always_inline __u64 queued(struct task_struct *p, struct task_state *n, bool since_known)
+{
+	__u64 q = since_known ? p->sched_info.run_delay - n->run_delay : 0;
+	__u64 last = p->sched_info.last_queued;
+
+	if (last) {
+		__u64 clock = p->se.cfs_rq->rq->clock;	/* this CPU's, updated for this switch */
+		if (clock > last)
+			q += clock - last;
+	}
+	return q;
+}
+
+/*
+ * The end of a sleep: its time off CPU split between the wait event it slept in and the
+ * runqueue after its wakeup, from the kernel's own count (queued()): no wakeup probe.
+ * What pgprobe read as this wait event's (an open sleep is charged to it up to the read)
+ * stays there, so that no total shrinks from one read to the next.
+ */
+static __always_inline void end_sleep(__u64 now, __u32 next, struct task_struct *nt,
+				      struct task_state *n)
+{
+	__u64 off = now - n->since, q = queued(nt, n, true), runq, read = scalar(READ_NS);
+
+	if (q > off)
+		q = off;
+	runq = q;
+	if (read > n->since && runq > (now > read ? now - read : 0))
+		runq = now > read ? now - read : 0;
+	hist(next, (__u32)n->a, off - q);
+	/* to the running total of the last wait event; to @wait_ns when it changes */
+	__u64 pn = n->wait;
+	if (pn > 0 && n->wei != n->a) {
+		add2(&wait_ns, next, (__u32)n->wei, pn);
+		pn = 0;
+	}
+	n->wait = pn + off - runq;
+	n->wei = n->a;
+	n->runq3 += runq;
 }
 
 static __always_inline void switch_in(__u64 now, __u32 next, struct task_struct *nt)
@@ -389,31 +458,31 @@ static __always_inline void switch_in(__u64 now, __u32 next, struct task_struct 
 		n->runq2 += now - n->since;
 		put(nt, n, exists, now, ON_CPU, 0, 0);
 		break;
-	case WOKEN:
+	case WOKEN:	/* forked: runnable since */
 		n->runq3 += now - n->since;
 		put(nt, n, exists, now, ON_CPU, 0, 0);
 		break;
-	case ASLEEP: {
-		/* no wakeup seen (lost): the whole time off CPU goes to the wait event */
-		__u64 pn = n->wait;
-		add2(&unseen, 2, next, 1);
-		hist(next, (__u32)n->a, now - n->since);
-		if (pn > 0 && n->wei != n->a) {
-			add2(&wait_ns, next, (__u32)n->wei, pn);
-			pn = 0;
-		}
-		n->wait = pn + now - n->since;
-		n->wei = n->a;
+	case ASLEEP:
+		end_sleep(now, next, nt, n);
 		put(nt, n, exists, now, ON_CPU, 0, 0);
 		break;
-	}
 	case PENDING_WOKEN:
 		put(nt, n, exists, now, PENDING_ON_CPU, n->a, now - n->since);
 		break;
 	case UNKNOWN: {
-		/* runnable since before the capture */
-		__u64 w0 = scalar(0);
-		put(nt, n, exists, now, PENDING_ON_CPU, 0, w0 > 0 ? now - w0 : 0);
+		/*
+		 * Off CPU since before the capture: queued for queued() (runnable at its start
+		 * if that is longer: @runq_ns's RUNNABLE_AT_START), asleep before. pgprobe
+		 * seeded the entry of each process it found with its schedstat (b: run count
+		 * + 1; run_delay): if it has not run since, its queued time counts from there,
+		 * also a part spent on another CPU's queue before it was moved.
+		 */
+		__u64 w0 = scalar(WINDOW_NS), span = w0 > 0 ? now - w0 : 0;
+		bool seeded = exists && n->b && n->b - 1 == nt->sched_info.pcount;
+		__u64 q = queued(nt, n, seeded);
+		if (q > span)
+			q = span;
+		put(nt, n, exists, now, PENDING_ON_CPU, span - q, q);
 		break;
 	}
 	}
@@ -423,18 +492,19 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u64 now = bpf_ktime_get_ns();
 	__u32 key = 0;
 	bool prev_ours = prev->pid != 0 && ours(prev);
 	bool next_ours = next->pid != 0 && ours(next);
+	struct cpu_last *c = bpf_map_lookup_elem(&cpu_last, &key);
+
+	if (!c || (!prev_ours && !next_ours && c->tid == 0))
+		return 0;	/* most switches of a busy machine: none of ours, nothing to check */
+	__u64 now = bpf_ktime_get_ns();
 
 	/*
 	 * A break in this CPU's chain of switches (waits.bt): the task of ours last switched
 	 * in here is still "on CPU since when" while another task leaves the CPU.
 	 */
-	struct cpu_last *c = bpf_map_lookup_elem(&cpu_last, &key);
-	if (!c)
-		return 0;
 	if (c->tid != 0 && c->tid != (__u64)prev->pid) {
 		__u32 lt = c->tid;
 		struct task_struct *lost = bpf_task_from_pid(lt);
@@ -443,7 +513,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			if (l && l->since == c->when &&
 			    (l->state == ON_CPU || l->state == PENDING_ON_CPU)) {
 				add2(&unseen, 4, lt, 1);
-				__u32 gi = 1;
+				__u32 gi = GAP_NS;
 				__u64 *gap = bpf_map_lookup_elem(&scalars, &gi);
 				if (gap)
 					__sync_fetch_and_add(gap, now - c->when);
@@ -463,51 +533,6 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		switch_in(now, next->pid, next);
 		c->tid = next->pid;
 		c->when = now;
-	}
-	return 0;
-}
-
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(on_wakeup, struct task_struct *p)
-{
-	if (!ours(p))
-		return 0;
-	__u32 w = p->pid;
-	struct task_state *s = bpf_task_storage_get(&task, p, 0, 0);
-	if (!s) {
-		/* unknown, asleep since before the capture */
-		__u64 now = bpf_ktime_get_ns(), w0 = scalar(0);
-		struct task_state n = { now, PENDING_WOKEN, w0 > 0 ? now - w0 : 0 };
-		create(p, &n);
-		return 0;
-	}
-	if (s->state == ASLEEP) {
-		__u64 now = bpf_ktime_get_ns();
-		hist(w, (__u32)s->a, now - s->since);
-		/* to the running total of the last wait event; to @wait_ns when it changes */
-		__u64 pn = s->wait;
-		if (pn > 0 && s->wei != s->a) {
-			add2(&wait_ns, w, (__u32)s->wei, pn);
-			pn = 0;
-		}
-		s->wait = pn + now - s->since;
-		s->wei = s->a;
-		s->since = now;
-		s->state = WOKEN;
-		s->a = 0;
-		s->b = 0;
-	} else if (s->state == LOST_TRACK || s->state == PREEMPTED || s->state == WOKEN) {
-		/* a runnable task is never woken: it ran and slept unseen, not charged */
-		if (s->state != LOST_TRACK)
-			add2(&unseen, 1, w, 1);
-		s->since = bpf_ktime_get_ns();
-		s->state = WOKEN;
-		s->a = 0;
-		s->b = 0;
-	} else if (s->state == PENDING_LOST_TRACK) {
-		s->since = bpf_ktime_get_ns();
-		s->state = PENDING_WOKEN;
-		s->b = 0;
 	}
 	return 0;
 }

@@ -62,14 +62,35 @@ def cwd(pid: int) -> str | None:
 
 
 def children(ppid: int) -> list[int]:
-    """PIDs whose parent is `ppid` (a scan of /proc; fine for a few thousand)."""
-    found = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            info = read_info(int(entry.name))
-            if info is not None and info.ppid == ppid:
-                found.append(info.pid)
+    """PIDs whose parent is `ppid`: /proc/PID/task/TID/children where the kernel has it (it
+    costs what the children cost; scanning /proc took 0.15-0.24 s with 1,200 processes),
+    else a scan of /proc/N/stat. The kernel says the children file may miss a child forked
+    or reaped while it is read: as a scan may, a moment later."""
+    found: set[int] = set()
+    try:
+        for tid in os.listdir(PROC / str(ppid) / "task"):
+            found.update(
+                int(p) for p in (PROC / str(ppid) / "task" / tid / "children").read_text().split()
+            )
+    except (OSError, ValueError):
+        return _children_by_scan(ppid)
     return sorted(found)
+
+
+def _children_by_scan(ppid: int) -> list[int]:
+    out = []
+    for entry in os.scandir(PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split(None, 2)
+        if len(fields) > 1 and fields[1] == str(ppid):
+            out.append(int(entry.name))
+    return sorted(out)
 
 
 def is_postgres(info: ProcInfo) -> bool:

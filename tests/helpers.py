@@ -65,6 +65,10 @@ def bpftrace_child(ppid: int) -> int | None:
     return None
 
 
+# bpf/waits.bpf.c's programs (sched_switch, process fork and exit), attached together
+WAITS_BPF_LINKS = 3
+
+
 def bpf_link_fds(pid: int) -> int:
     """How many BPF links a process holds (pgprobe itself, running a compiled object)."""
     return _fds_named(pid, "anon_inode:bpf_link")

@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 import slru_workload
-from helpers import CHECKOUT, bpf_link_fds, cluster_for, perf_event_fds, run_pgprobe
+from helpers import (
+    CHECKOUT,
+    WAITS_BPF_LINKS,
+    bpf_link_fds,
+    cluster_for,
+    perf_event_fds,
+    run_pgprobe,
+)
 
 from pgprobe import pgversions, proc
 from pgprobe.pgbuilds import PgBuild
@@ -202,7 +209,7 @@ def _wait_window_open(pgprobe: subprocess.Popen[str]) -> None:
     """Until triage's window is open: it starts the time model once the other parts are in,
     and opens the window when that one is in too.
 
-    The compiled object (bpf/waits.bpf.c) attaches in pgprobe, all four links at once.
+    The compiled object (bpf/waits.bpf.c) attaches in pgprobe, all its links at once.
     bpftrace (bpf/waits.bt) opens one perf event per CPU buffer at start, then one per
     tracepoint as it attaches: in when that count has passed the CPUs' and stayed put for
     a second.
@@ -212,7 +219,7 @@ def _wait_window_open(pgprobe: subprocess.Popen[str]) -> None:
     while time.monotonic() < deadline:
         if pgprobe.poll() is not None:
             pytest.fail(f"pgprobe ended before attaching: {pgprobe.communicate()[1]}")
-        if bpf_link_fds(pgprobe.pid) >= 4:
+        if bpf_link_fds(pgprobe.pid) >= WAITS_BPF_LINKS:
             time.sleep(0.5)  # pgprobe opens the window right after it attached them
             return
         tracer = next((p for p in proc.children(pgprobe.pid) if _runs_waits_bt(p)), None)

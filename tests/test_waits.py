@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, bpf_link_fds, bpftrace_child, cluster_for, perf_event_fds, steal_ticks
+from helpers import (
+    CHECKOUT,
+    WAITS_BPF_LINKS,
+    bpf_link_fds,
+    bpftrace_child,
+    cluster_for,
+    perf_event_fds,
+    steal_ticks,
+)
 
 from pgprobe import waitevents
 from pgprobe.engines.base import Snapshot
@@ -167,12 +175,12 @@ def settled(pids: dict[str, int], quiet_s: float = 1.5) -> dict[str, tuple[int, 
 
 def wait_attached(probe: subprocess.Popen[str]) -> None:
     """Until bpftrace's perf events (per-CPU buffers, tracepoints) stop growing for 1 s, or
-    pgprobe holds the compiled object's four links (attached together)."""
+    pgprobe holds the compiled object's links (attached together)."""
     deadline, seen, since = time.monotonic() + 120, -1, time.monotonic()
     while time.monotonic() < deadline:
         if probe.poll() is not None:
             pytest.fail(f"pgprobe ended before attaching: {probe.communicate()[1]}")
-        if bpf_link_fds(probe.pid) >= 4:
+        if bpf_link_fds(probe.pid) >= WAITS_BPF_LINKS:
             return
         child = bpftrace_child(probe.pid)
         count = perf_event_fds(child) if child is not None else 0

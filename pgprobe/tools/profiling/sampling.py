@@ -88,7 +88,7 @@ class ChildWatcher:
     def find(self) -> None:
         """List the children: new ones are seen, described, and pending a snapshot."""
         postmaster = self.targets.cluster.postmaster_pid
-        for pid in _children(postmaster):
+        for pid in proc.children(postmaster):
             if pid not in self.seen:
                 self.seen.add(pid)
                 self.pending.append(pid)
@@ -100,39 +100,6 @@ class ChildWatcher:
     def tick(self) -> None:
         if self.pending or time.monotonic() >= self.next_scan:
             self.scan()
-
-
-def _children(ppid: int) -> list[int]:
-    """Children of ppid: /proc/PID/task/TID/children where the kernel has it (it costs
-    what the children cost; scanning /proc took 0.15-0.24 s with 1,200 processes, which
-    stretched the scan interval to ~10 s and missed short-lived backends), else a scan of
-    /proc/N/stat (cheaper than proc.children). The kernel says the children file may miss
-    a child forked or reaped while it is read: the next scan, 0.5 s later, finds it."""
-    found: set[int] = set()
-    try:
-        tasks = os.listdir(f"{proc.PROC}/{ppid}/task")
-        for tid in tasks:
-            with open(f"{proc.PROC}/{ppid}/task/{tid}/children") as f:
-                found.update(int(p) for p in f.read().split())
-    except (OSError, ValueError):
-        return _children_by_scan(ppid)
-    return sorted(found)
-
-
-def _children_by_scan(ppid: int) -> list[int]:
-    out = []
-    for entry in os.scandir(proc.PROC):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"{entry.path}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split(None, 2)
-        if len(fields) > 1 and fields[1] == str(ppid):
-            out.append(int(entry.name))
-    return out
 
 
 class _Ticking:

@@ -126,11 +126,20 @@ class Agent:
         self.totals = Totals(cpu_hz=ns.hz)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.profile: bytes = b""  # the last window's CPU profile (gzipped profile.proto)
-        self.profile_window_end = 0.0
+        # The last window's CPU profile, its length and end; rendered as pprof when asked
+        # (pprof_bytes): a scraper may never ask, and rendering costs more than naming.
+        self.cpu_window: tuple[profiling.Profile, float, float] | None = None
+        self._pprof: tuple[bytes, float] = (b"", 0.0)
         self.server_up = False
         self._captures: dict[str, Capture] = {}
         self._said: set[str] = set()
+        # LWLock's metrics come from the time model unless --lwlock-source usdt (probe.py)
+        self.lwlock_usdt = getattr(ns, "lwlock_source", "sched") == "usdt"
+
+    def states(self, name: str) -> list[records.SourceState]:
+        """The source's state, and LWLock's too when this source (the time model) feeds it."""
+        fed = [probe.LWLOCK] if name == probe.WAITS and not self.lwlock_usdt else []
+        return [self.totals.source(n) for n in (name, *fed)]
 
     def say_once(self, message: str) -> None:
         if len(self._said) > SAID_MAX:
@@ -138,6 +147,18 @@ class Agent:
         if message not in self._said:
             self._said.add(message)
             say(message)
+
+    def pprof_bytes(self) -> tuple[bytes, float]:
+        """The last window's CPU profile as a gzipped profile.proto, and that window's end."""
+        with self.lock:
+            window, cached = self.cpu_window, self._pprof
+        if window is None or cached[1] == window[2]:
+            return cached
+        profile, seconds, end = window
+        rendered = (pprof.render(pprof_export.cpu_profile(profile, seconds)), end)
+        with self.lock:
+            self._pprof = rendered
+        return rendered
 
     def stop(self) -> None:
         self.stopping.set()
@@ -171,7 +192,9 @@ class Agent:
 
     def trace(self, targets: Targets) -> None:
         """Run every available source until the server goes away or the agent stops."""
-        sources, missing = probe.available(targets)
+        sources, missing = probe.available(targets, self.lwlock_usdt)
+        if probe.WAITS in missing and not self.lwlock_usdt:
+            missing[probe.LWLOCK] = f"{missing[probe.WAITS]} (the LWLock metrics come from it)"
         with self.lock:
             for name, why in missing.items():
                 self.totals.source(name).unavailable = why
@@ -205,7 +228,8 @@ class Agent:
         while not generation.is_set():
             if started:
                 with self.lock:
-                    self.totals.source(source.name).restarts += 1
+                    for state in self.states(source.name):
+                        state.restarts += 1
             started += 1
             try:
                 warnings = self.run_once(source, targets, generation)
@@ -215,7 +239,8 @@ class Agent:
             except Exception as exc:  # a bug: said, and the source is started again
                 why = f"internal error: {type(exc).__name__}: {exc}"
             with self.lock:
-                self.totals.source(source.name).up = False
+                for state in self.states(source.name):
+                    state.up = False
             self._captures.pop(source.name, None)
             if generation.is_set():
                 return
@@ -234,11 +259,17 @@ class Agent:
         """One run of the source's script, until it ends; what it warned of."""
         capture = source.start(self.ns, targets, self.window)
         namer = CpuNamer(targets, self.ns.hz) if source.name == probe.CPU else None
-        model = TimeModel(targets) if source.name == probe.WAITS else None
-        state = self.totals.source(source.name)
+        model = (
+            TimeModel(targets, lwlock_sleeps=not self.lwlock_usdt)
+            if source.name == probe.WAITS
+            else None
+        )
+        state, *fed = self.states(source.name)
 
         def tick(info: RunInfo, remaining: float | None) -> None:
             state.up = info.probes_attached > 0
+            for other in fed:
+                other.up = state.up
             if namer is not None:
                 namer.watcher.tick()
 
@@ -265,7 +296,6 @@ class Agent:
             waits = model.rows(event) if model is not None else []
             if model is not None:  # what waits.bt knows it missed (pgprobe waits warns of it)
                 lost = model.lost_events
-            data = pprof.render(pprof_export.cpu_profile(profile, now - last)) if profile else b""
             if info.failed_map_updates > seen_failed:
                 full = "a BPF map is full (BPFTRACE_MAP_KEYS_MAX), updates refused"
                 self.say_once(f"{source.what}: {full}: pgprobe_capture_failed_map_updates_total")
@@ -282,8 +312,16 @@ class Agent:
                 seen_lost, seen_failed = info.lost_events, info.failed_map_updates
                 self.fold(source.name, event, profile, targets)
                 records.add_time_model(self.totals, waits)
-                if data:
-                    self.profile, self.profile_window_end = data, state.last_window_end
+                if model is not None and model.lwlock_sleeps:
+                    records.add_lwlock_records(self.totals, model.lwlock_records)
+                for other in fed:  # the LWLock source, fed by this one's windows
+                    other.up, other.windows = state.up, state.windows
+                    other.last_window_end, other.last_window_s = (
+                        state.last_window_end,
+                        state.last_window_s,
+                    )
+                if profile is not None:
+                    self.cpu_window = (profile, now - last, state.last_window_end)
             last = now
             full = recycle.waits_full(event) if model is not None else ""
             if profile is not None and stacks is not None:

@@ -73,6 +73,14 @@ def add_parser(sub: Any) -> None:
         help=f"CPU samples per second per CPU (default {DEFAULT_HZ})",
     )
     parser.add_argument(
+        "--lwlock-source",
+        choices=["sched", "usdt"],
+        default="sched",
+        help="where the LWLock metrics come from: sched (default) the time model's LWLock "
+        "sleeps, at no cost of their own (sleeps, not waits; mode unknown); usdt the server's "
+        "USDT probes, exact waits with their mode, ~17 us per wait (--enable-dtrace builds)",
+    )
+    parser.add_argument(
         "--engine", choices=["auto", "bpftrace"], default="auto", help="tracer (bpftrace only)"
     )
     parser.set_defaults(run=run)
@@ -90,16 +98,12 @@ def run(ns: argparse.Namespace) -> int:
             # A copy would cost more than holding the lock for one scrape's formatting.
             return agent.totals, {"server_up": agent.server_up, "window": agent.window}
 
-    def profile() -> tuple[bytes, float]:
-        with agent.lock:
-            return agent.profile, agent.profile_window_end
-
     registry.register(TotalsCollector(totals))
     # process_resident_memory_bytes, process_cpu_seconds_total ...: the agent's own cost.
     ProcessCollector(registry=registry)
     host, port = ns.listen
     try:
-        server = http.make_server(host, port, registry, profile)
+        server = http.make_server(host, port, registry, agent.pprof_bytes)
     except OSError as exc:
         message = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
         raise PgprobeError(message, EXIT_USAGE) from None

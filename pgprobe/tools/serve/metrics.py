@@ -18,8 +18,12 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_runqueue_seconds_total{backend_type}         runnable, waiting for a CPU
   pgprobe_process_seconds_total{backend_type}          wall time of the processes modelled (on CPU
                                                        + runqueue + waits + a rest near 0)
-  pgprobe_lwlock_wait_seconds_total{tranche,mode}      time spent waiting for LWLocks
-  pgprobe_lwlock_waits_total{tranche,mode}             LWLock waits
+  pgprobe_lwlock_wait_seconds_total{tranche,mode}      time spent waiting for LWLocks; mode
+                                                       "unknown": from the time model (the
+                                                       default, --lwlock-source sched): sleeps,
+                                                       not waits; Exclusive, Shared, ...: from
+                                                       the USDT probes (--lwlock-source usdt)
+  pgprobe_lwlock_waits_total{tranche,mode}             LWLock waits (sleeps)
   pgprobe_lwlock_wait_duration_seconds{tranche}        histogram of single waits (log2 buckets)
   pgprobe_slru_reads_total{slru}                       SLRU pages read from the files
   pgprobe_slru_read_seconds_total{slru}                time in those reads

@@ -5,8 +5,12 @@ INTERVAL_S parameter set to the window: bpftrace prints and clears its maps
 every window, so each snapshot is the window's own counts (kernel memory stays
 bounded by one window) and a counter is the sum of the windows.
 
-- ``lwlock``: bpf/lwlock_wait.bt (pgprobe lwlocks), whole cluster, not by pid;
-  needs the server's USDT probes (PostgreSQL 13+ built with --enable-dtrace).
+- ``lwlock``: by default no script of its own: the time model's LWLock-class
+  sleeps (pgprobe lwlocks --source sched: sleeps, not waits; mode unknown), at no
+  cost beyond the time model's. ``--lwlock-source usdt``: bpf/lwlock_wait.bt
+  (pgprobe lwlocks), exact waits with their mode, whole cluster, not by pid; needs
+  the server's USDT probes (PostgreSQL 13+ built with --enable-dtrace) and costs a
+  uprobe trap per wait (~17 us: 14 % of one CPU at 8,000 waits/s).
 - ``slru``: bpf/clog_reads.bt (pgprobe clog-reads) in aggregate mode, every SLRU.
 - ``cpu``: bpf/profile.bt (pgprobe flame/hot) at a low rate, user stacks named in
   Python as flame does (pgprobe.tools.profiling).
@@ -103,11 +107,14 @@ SOURCES = (
 )
 
 
-def available(targets: Targets) -> tuple[list[Source], dict[str, str]]:
-    """The sources this server can feed, and why each other one cannot."""
+def available(targets: Targets, lwlock_usdt: bool) -> tuple[list[Source], dict[str, str]]:
+    """The sources this server can feed (LWLock's only with lwlock_usdt: otherwise the
+    time model feeds it), and why each other one cannot."""
     ok: list[Source] = []
     missing: dict[str, str] = {}
     for source in SOURCES:
+        if source.name == LWLOCK and not lwlock_usdt:
+            continue
         try:
             source.check(targets)
         except PgprobeError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pgprobe.engines.base import Log2Hist, Snapshot
 from pgprobe.tools import clog_reads, lwlocks
@@ -67,6 +68,10 @@ class Totals:
     oncpu_ns: Counter[str] = field(default_factory=Counter)  # backend_type
     runqueue_ns: Counter[str] = field(default_factory=Counter)
     process_ns: Counter[str] = field(default_factory=Counter)  # wall time in the model
+    # A window's time that a later read moves to another key (a sleep from before the
+    # capture named at its end: records._minus) is taken from that key's next windows,
+    # not from its counter: a Prometheus counter that goes down reads as a reset.
+    owed_ns: Counter[tuple[str, ...]] = field(default_factory=Counter)
     sources: dict[str, SourceState] = field(default_factory=dict)
     server_restarts: int = 0
 
@@ -76,10 +81,16 @@ class Totals:
 
 def add_lwlock(totals: Totals, snapshot: Snapshot) -> int:
     """One window of lwlock_wait.bt; returns the waits in it."""
+    return add_lwlock_records(totals, lwlocks.records(snapshot))
+
+
+def add_lwlock_records(totals: Totals, recs: Iterable[lwlocks.WaitRecord]) -> int:
+    """One window's LWLock records: lwlock_wait.bt's waits, or the time model's LWLock
+    sleeps (lwlocks.sleep_records, mode "unknown"); returns the waits in it."""
     waits = 0
-    for rec in lwlocks.records(snapshot):
+    for rec in recs:
         key = (rec.tranche, rec.mode)
-        totals.lwlock_wait_ns[key] += rec.total_ns
+        grow(totals, totals.lwlock_wait_ns, ("lwlock", *key), key, rec.total_ns)
         totals.lwlock_waits[key] += rec.waits
         waits += rec.waits
         add_hist(totals.lwlock_hist.setdefault(rec.tranche, Counter()), rec.hist)
@@ -117,12 +128,23 @@ def add_time_model(totals: Totals, rows: Iterable[waits_records.Row]) -> None:
     for row in rows:
         btype = row.backend_type or "unknown"
         if row.category == "on CPU":
-            totals.oncpu_ns[btype] += row.total_ns
+            grow(totals, totals.oncpu_ns, ("on CPU", btype), btype, row.total_ns)
             totals.process_ns[btype] += row.wall_ns
         elif row.category == "runqueue":
-            totals.runqueue_ns[btype] += row.total_ns
+            grow(totals, totals.runqueue_ns, ("runqueue", btype), btype, row.total_ns)
         elif row.category in WAIT_STATE:
             state = row.state or WAIT_STATE[row.category]
             key = (row.wait_event_type, row.wait_event, btype, state)
-            totals.wait_ns[key] += row.total_ns
+            grow(totals, totals.wait_ns, key, key, row.total_ns)
             totals.wait_sleeps[key] += row.sleeps
+
+
+def grow(
+    totals: Totals, counter: Counter[Any], owed_key: tuple[str, ...], key: Any, ns: int
+) -> None:
+    """counter[key] += ns, never below what it showed: a negative window is owed."""
+    ns -= totals.owed_ns.pop(owed_key, 0)
+    if ns < 0:
+        totals.owed_ns[owed_key] = -ns
+    elif ns:
+        counter[key] += ns

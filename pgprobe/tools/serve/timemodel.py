@@ -3,7 +3,9 @@
 pgprobe waits decides which processes are the cluster's and names them once per
 capture; the agent does it every window, for a cluster whose backends come and
 go, so it keeps what it learnt (pid -> backend type) only for the pids of the
-last window: memory stays bounded by the processes alive.
+last window: memory stays bounded by the processes alive. With `lwlock_sleeps`
+(serve's default LWLock source) it also gives the window's LWLock-class sleeps
+as pgprobe lwlocks --source sched does: sleeps, not waits; mode unknown.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from pgprobe import proc
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Snapshot
+from pgprobe.tools import lwlocks
 from pgprobe.tools.waits import records as waits_records
 from pgprobe.tools.waits import targets as waits_targets
 
@@ -28,6 +31,8 @@ class TimeModel:
     types: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (type, app)
     previous: Snapshot | None = None  # the last window's (the maps are cumulative)
     lost_events: int = 0  # what waits.bt knows it missed in the last window
+    lwlock_sleeps: bool = False  # also the LWLock sleeps of each window (lwlock_records)
+    lwlock_records: list[lwlocks.WaitRecord] = field(default_factory=list)
 
     def describe(self, pid: int) -> tuple[str, str]:
         if pid not in self.types:
@@ -50,6 +55,9 @@ class TimeModel:
         procs = waits_records.since(previous, snapshot, alive, is_ours)
         self.lost_events = sum(waits_records.unseen(snapshot, previous).values())
         major = self.targets.cluster.major
+        if self.lwlock_sleeps:
+            recs = lwlocks.sleep_records(snapshot, major, clipped=True, previous=previous)
+            self.lwlock_records = recs
         out = waits_records.rows(procs, major, by_pid=True, describe=self.describe)
         seen = {p.pid for p in procs}
         self.types = {pid: t for pid, t in self.types.items() if pid in seen}

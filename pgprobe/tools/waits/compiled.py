@@ -23,14 +23,14 @@ from pgprobe.errors import PgprobeError
 from pgprobe.scripts import script_path
 
 OBJECT = "build/waits.bpf.o"  # under bpf/, built by scripts/build-bpf
-WINDOW, GAP, REFUSED = 0, 1, 2  # the object's `scalars` slots
+WINDOW, GAP, REFUSED, READ = 0, 1, 2, 3  # the object's `scalars` slots
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
 _PAIR = struct.Struct("<II")
 _HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
-_TASK = struct.Struct("<11Q")  # waits.bt's @task tuple, then two cached pointers
+_TASK = struct.Struct("<12Q")  # waits.bt's @task tuple, then three fields of its own
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns", "first_runs")
 _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
 
@@ -63,6 +63,7 @@ def capture(args: list[int | Path], duration: float | None) -> CompiledCapture:
               "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
 
     def start_window(obj: libbpf.BpfObject) -> None:
+        _seed(obj, [single] if single else [postmaster, *proc.children(postmaster)])
         # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
         obj.update("scalars", _U32.pack(WINDOW), _U64.pack(time.monotonic_ns()))
 
@@ -82,6 +83,27 @@ def _pointer_at(pid: int, address: int) -> int:
             return int.from_bytes(mem.read(8), "little")
     except (OSError, ValueError):
         return 0
+
+
+def _seed(obj: libbpf.BpfObject, pids: list[int]) -> None:
+    """Each process's runqueue total and run count (/proc/PID/schedstat) in its @task entry,
+    before the probes attach. The object has no wakeup probe: at a process's first
+    switch-in it takes the runqueue part of a sleep that began before the capture from the
+    kernel's count since this seed (exact also when the process moved to another CPU's
+    queue, which restarts the kernel's "queued since"), if it has not run since."""
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/schedstat").read_text().split()
+            run_delay, runs = int(fields[1]), int(fields[2])
+            pidfd = os.pidfd_open(pid)
+        except (OSError, ValueError, IndexError):
+            continue  # gone: nothing to seed
+        try:
+            obj.update("task", _I32.pack(pidfd), _TASK.pack(0, 0, 0, runs + 1, *[0] * 7, run_delay))
+        except libbpf.LibbpfError:
+            pass  # exited meanwhile; or refused: its first sleep counts from the last queueing
+        finally:
+            os.close(pidfd)
 
 
 def _tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[Key, AggValue]:
@@ -107,6 +129,9 @@ def read(obj: libbpf.BpfObject, info: RunInfo, postmaster: int, single: int) -> 
     """The maps as waits.bt prints them, @now_ns the moment the read began."""
     pids = [single] if single else [postmaster, *proc.children(postmaster)]
     now = time.monotonic_ns()
+    # First: a sleep that ends after this moment keeps the part read here as its wait
+    # event's (the object's end_sleep), so that no total shrinks between two reads.
+    obj.update("scalars", _U32.pack(READ), _U64.pack(now))
     maps: dict[str, dict[Key, AggValue]] = {"now_ns": {(): now}}
     scalars = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in obj.items("scalars")}
     maps["window_ns"] = {(): scalars.get(WINDOW, 0)}
