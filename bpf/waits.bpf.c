@@ -417,13 +417,12 @@ static __always_inline __u64 queued(struct task_struct *p, struct task_state *n,
 static __always_inline void end_sleep(__u64 now, __u32 next, struct task_struct *nt,
 				      struct task_state *n)
 {
-	__u64 off = now - n->since, q = queued(nt, n, true), runq, read = scalar(READ_NS);
+	__u64 off = now - n->since, q = queued(nt, n, true), read = scalar(READ_NS);
+	__u64 runq, after_read = now > read ? now - read : 0;
 
 	if (q > off)
 		q = off;
-	runq = q;
-	if (read > n->since && runq > (now > read ? now - read : 0))
-		runq = now > read ? now - read : 0;
+	runq = read > n->since && q > after_read ? after_read : q;
 	hist(next, (__u32)n->a, off - q);
 	/* to the running total of the last wait event; to @wait_ns when it changes */
 	__u64 pn = n->wait;

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
@@ -100,9 +101,17 @@ def read_current(pid: int, where: WaitEventAddress, proc: Path = Path("/proc")) 
     pointer reads as (0, 0). OSError when the memory cannot be read.
     """
     with open(proc / str(pid) / "mem", "rb", buffering=0) as mem:
-        mem.seek(where.address)
-        pointer = int.from_bytes(mem.read(8), "little")
-        if pointer == 0:
-            return 0, 0
-        mem.seek(pointer)
-        return pointer, int.from_bytes(mem.read(4), "little")
+        pointer = _read_int(mem, where.address, 8)
+        return (pointer, _read_int(mem, pointer, 4)) if pointer else (0, 0)
+
+
+def pointer_at(pid: int, address: int, proc: Path = Path("/proc")) -> int:
+    """The 8-byte pointer at address in pid's memory (my_wait_event_info's value).
+    OSError when the memory cannot be read."""
+    with open(proc / str(pid) / "mem", "rb", buffering=0) as mem:
+        return _read_int(mem, address, 8)
+
+
+def _read_int(mem: BinaryIO, address: int, size: int) -> int:
+    mem.seek(address)
+    return int.from_bytes(mem.read(size), "little")

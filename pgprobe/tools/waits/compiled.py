@@ -21,6 +21,7 @@ from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
 from pgprobe.engines.compiled import CompiledCapture
 from pgprobe.errors import PgprobeError
 from pgprobe.scripts import script_path
+from pgprobe.waitevents import address as waitevents_address
 
 OBJECT = "build/waits.bpf.o"  # under bpf/, built by scripts/build-bpf
 WINDOW, GAP, REFUSED, READ = 0, 1, 2, 3  # the object's `scalars` slots
@@ -78,9 +79,7 @@ def _pointer_at(pid: int, address: int) -> int:
     process points it at until it has one; 0 when unreadable (the object then caches
     nothing and reads the pointer at every sleep)."""
     try:
-        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-            mem.seek(address)
-            return int.from_bytes(mem.read(8), "little")
+        return waitevents_address.pointer_at(pid, address)
     except (OSError, ValueError):
         return 0
 
