@@ -93,7 +93,10 @@ const volatile __u64 local_wei = 0;
 #define PF_EXITING 0x4
 #define MAX_TASKS 65536
 
-/* @task states (waits.bt); without a wakeup program, WOKEN is a forked task's only */
+/*
+ * @task states (waits.bt's numbers). Without a wakeup program WOKEN is a forked task's
+ * only, and PENDING_WOKEN (woken from before the capture) is waits.bt's only.
+ */
 enum { UNKNOWN, ON_CPU, PREEMPTED, WOKEN, ASLEEP, PENDING_WOKEN, PENDING_ON_CPU,
        LOST_TRACK, PENDING_LOST_TRACK };
 
@@ -143,7 +146,7 @@ HASH(unseen, struct tid_u32, __u64);	/* (kind, tid) */
 /*
  * [0] window_ns: when the capture began (pgprobe writes it before attaching);
  * [1] gap_ns (waits.bt's @gap_ns); [2] map updates refused (a map full), said by pgprobe;
- * [3] read_ns: when pgprobe last read the maps (it writes it first; see switch_in)
+ * [3] read_ns: when pgprobe last read the maps (it writes it first; see end_sleep)
  */
 enum { WINDOW_NS, GAP_NS, REFUSED, READ_NS };
 struct {
@@ -350,17 +353,11 @@ static __always_inline void switch_out(__u64 now, __u32 prev, __u64 state, struc
 		if (t->a > 0)
 			add2(&wait_ns, prev, 2, t->a);
 		add2(&runq_ns, prev, t->a > 0 ? 3 : 4, t->b);
-	} else if ((t->state == UNKNOWN || t->state == PENDING_WOKEN) && scalar(WINDOW_NS) > 0) {
+	} else if (t->state == UNKNOWN && scalar(WINDOW_NS) > 0) {
 		span = now - scalar(WINDOW_NS);
 		if (longer_than_run(span, run, p)) {
-			__u64 before = span - run;
-			if (t->state == PENDING_WOKEN) {
-				before = t->a;
-				add2(&runq_ns, prev, 3, now - run > t->since ? now - run - t->since : 0);
-			} else {
-				add2(&unseen, 2, prev, 1);
-			}
-			add2(&wait_ns, prev, 2, before);
+			add2(&unseen, 2, prev, 1);
+			add2(&wait_ns, prev, 2, span - run);
 			set(&first_runs, prev, p->sched_info.pcount);
 			span = run;
 		}
@@ -390,10 +387,11 @@ static __always_inline void switch_out(__u64 now, __u32 prev, __u64 state, struc
 
 /*
  * How long this task waited in a runqueue since its run_delay in n was read (since_known:
- * when it went to sleep, or pgprobe's seed) or, without that, since it was last queued: what the kernel adds to its run_delay (the
- * second field of /proc/PID/schedstat) when it switches in, right after this
- * tracepoint, plus what it added already (a task moved to another CPU's queue gets
- * its time on the first queue then). On the kernel's rq clock, as schedstat.
+ * when it went to sleep, or pgprobe's seed) or, without that, since it was last queued:
+ * what the kernel adds to its run_delay (the second field of /proc/PID/schedstat) when it
+ * switches in, right after this tracepoint, plus what it added already (a task moved to
+ * another CPU's queue gets its time on the first queue then). On the kernel's rq clock,
+ * as schedstat.
  */
 static __always_inline __u64 queued(struct task_struct *p, struct task_state *n, bool since_known)
 {
@@ -464,9 +462,6 @@ static __always_inline void switch_in(__u64 now, __u32 next, struct task_struct 
 	case ASLEEP:
 		end_sleep(now, next, nt, n);
 		put(nt, n, exists, now, ON_CPU, 0, 0);
-		break;
-	case PENDING_WOKEN:
-		put(nt, n, exists, now, PENDING_ON_CPU, n->a, now - n->since);
 		break;
 	case UNKNOWN: {
 		/*
