@@ -100,9 +100,18 @@ def read_current(pid: int, where: WaitEventAddress, proc: Path = Path("/proc")) 
     /proc/PID/mem (root, or the process's owner with ptrace rights). A null
     pointer reads as (0, 0). OSError when the memory cannot be read.
     """
+    return read_through(pid, where.address, 0, proc)
+
+
+def read_through(
+    pid: int, address: int, offset: int, proc: Path = Path("/proc")
+) -> tuple[int, int]:
+    """(the pointer at address, the uint32 at that pointer + offset) in pid's memory, as
+    the probes follow my_wait_event_info and MyBEEntry. A null pointer reads as (0, 0).
+    OSError when the memory cannot be read."""
     with open(proc / str(pid) / "mem", "rb", buffering=0) as mem:
-        pointer = _read_int(mem, where.address, 8)
-        return (pointer, _read_int(mem, pointer, 4)) if pointer else (0, 0)
+        pointer = _read_int(mem, address, 8)
+        return (pointer, _read_int(mem, pointer + offset, 4)) if pointer else (0, 0)
 
 
 def pointer_at(pid: int, address: int, proc: Path = Path("/proc")) -> int:

@@ -106,10 +106,4 @@ def read_raw(pid: int, where: StateAddress, proc: Path = Path("/proc")) -> tuple
 
     From /proc/PID/mem (root). OSError when the memory cannot be read.
     """
-    with open(proc / str(pid) / "mem", "rb", buffering=0) as mem:
-        mem.seek(where.address)
-        entry = int.from_bytes(mem.read(8), "little")
-        if entry == 0:
-            return 0, 0
-        mem.seek(entry + where.offset)
-        return entry, int.from_bytes(mem.read(4), "little")
+    return address.read_through(pid, where.address, where.offset, proc)
