@@ -50,6 +50,15 @@ def run_count(pid: int) -> int | None:
         return None
 
 
+def asleep(pid: int) -> bool:
+    """Whether pid is asleep now (/proc/PID/stat's state S or D: not running, not runnable)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :][:1] in ("S", "D")
+
+
 def read_link(path: Path) -> str | None:
     try:
         return os.readlink(path)

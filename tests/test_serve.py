@@ -15,6 +15,7 @@ PostgreSQL and asks again: the same series go on, counting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -480,7 +481,9 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
 ) -> None:
     port = free_port()
     # the USDT LWLock source (opt-in) runs a tracer of its own: one more to supervise
-    agent = start_agent(cluster, port, "--window", "1", "--lwlock-source", "usdt")
+    agent = start_agent(
+        cluster, port, "--window", "1", "--lwlock-source", "usdt", "--waits-duty", "1"
+    )  # its links are checked: attached all the time
     up = [f'pgprobe_capture_up{{source="{s}"}}' for s in ("lwlock", "slru", "cpu", "waits")]
     try:
         wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
@@ -584,7 +587,7 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
     conn, pid = backend
     port = free_port()
     window = 2
-    agent = start_agent(cluster, port, "--window", str(window))
+    agent = start_agent(cluster, port, "--window", str(window), "--waits-duty", "1")
     slept = time_model_key("wait", "PgSleep")
     sleeps = slept.replace("pgprobe_wait_seconds_total", "pgprobe_wait_sleeps_total")
     oncpu = time_model_key("oncpu")
@@ -620,6 +623,7 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
               f"sleeps; schedstat {cpu_s:.4f} s: {got_cpu:.4f} s, steal {steal_s:.2f}, "
               f"lost events {lost:.0f}, not accounted {rest:.4f} s")  # fmt: skip
         assert abs(got_sleep - expected) <= 0.02 * expected, got_sleep
+        assert rest >= -0.02 * expected, rest  # no time counted twice (in two rows, windows)
         # Two pg_sleeps, and PostgreSQL's own timer may wake one of them once: timeout.c
         # leaves SIGALRM armed when it disables a timeout (the idle stats update's, set
         # when the backend went idle), and the stale signal lands wherever it is due
@@ -637,3 +641,55 @@ def test_time_model_counts_pg_sleep_and_cpu_time_across_windows(
             assert got_cpu + rest >= 0.98 * cpu_s, (got_cpu, rest, cpu_s, lost)
     finally:
         stop_agent(agent)
+
+
+@pytest.mark.integration
+def test_time_model_at_a_duty_cycle_counts_what_it_saw(
+    cluster: PgCluster,
+    backend: tuple[psycopg.Connection[Any], int],  # noqa: F811
+) -> None:
+    """--waits-duty 0.5: the time model runs half of each window, each part a capture of its
+    own. A backend asleep in pg_sleep all along is charged exactly the seconds observed, in
+    Timeout:PgSleep: the event it sleeps in when a part starts is read from its memory (it
+    never wakes in a part to say it). Observed seconds are about half the windows' time."""
+    conn, pid = backend
+    port = free_port()
+    window, duty = 2, 0.5
+    agent = start_agent(cluster, port, "--window", str(window), "--waits-duty", str(duty))
+    slept = time_model_key("wait", "PgSleep")
+    observed = 'pgprobe_capture_observed_seconds_total{source="waits"}'
+    windows = 'pgprobe_capture_windows_total{source="waits"}'
+    unknown = "pgprobe_wait_seconds_total{"
+
+    def sleep() -> None:
+        with contextlib.suppress(psycopg.errors.QueryCanceled):  # at the test's end
+            conn.execute("SELECT pg_sleep(30)")
+
+    sleeper = threading.Thread(target=sleep)
+    try:
+        wait_for("the time model", lambda: scrape(port).get(windows, 0) >= 1, 60)
+        sleeper.start()
+        time.sleep(0.5)
+        folded = scrape(port)[windows]
+        wait_for("a window begun in the sleep", lambda: scrape(port)[windows] >= folded + 2, 30)
+        start, t0 = scrape(port), time.monotonic()
+        wait_for("four more windows", lambda: scrape(port)[windows] >= start[windows] + 4, 30)
+        end, elapsed = scrape(port), time.monotonic() - t0
+        assert sleeper.is_alive()  # every window counted lies inside the sleep
+        seen = end[observed] - start[observed]
+        got = end[slept] - start.get(slept, 0.0)
+        in_unknown = sum(v - start.get(k, 0.0) for k, v in end.items()
+                         if k.startswith(unknown) and 'state="unknown"' in k)  # fmt: skip
+        parts = end[windows] - start[windows]
+        print(f"{parts:.0f} parts in {elapsed:.1f} s: observed {seen:.4f} s, PgSleep "
+              f"{got:.4f} s, state unknown {in_unknown:.4f} s")  # fmt: skip
+        assert abs(got - seen) <= 0.02 * seen, (got, seen)
+        assert abs(seen - parts * duty * window) <= 0.1 * parts * duty * window, (seen, parts)
+        # The idle backends too are named from their memory, not "asleep since before".
+        assert in_unknown <= 0.02 * seen, in_unknown
+        rest = not_accounted(end) - not_accounted(start)
+        assert abs(rest) <= 0.02 * seen, rest  # every part's rows add up to its wall time
+    finally:
+        stop_agent(agent)
+        conn.cancel()
+        sleeper.join(timeout=30)

@@ -6,10 +6,17 @@ no tracer process to start, signal or wait for: the object is loaded and attache
 (the verifier runs in bpf(2)), and a snapshot is pgprobe reading the maps, so a window
 ends the moment it is read (no answer probe, no END). Closing the object detaches every
 program; if pgprobe dies, the kernel detaches them with its file descriptors.
+
+With a duty cycle (pgprobe serve's time model) the programs run for only that fraction of
+each interval, at a random moment in it (a fixed phase could keep meeting, or keep missing,
+a periodic job): attached, read, detached, every interval. The object is loaded once (the
+verifier's ~80 ms of CPU would cost more than the programs save); on_attach runs before
+each attach and must make the maps a fresh capture's, so each snapshot is the on-part's own.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +42,7 @@ class CompiledCapture:
         duration: float | None,
         interval: float | None = None,
         on_attach: Callable[[libbpf.BpfObject], None] | None = None,
+        duty: float = 1.0,
     ) -> None:
         self.path = path
         self.rodata = rodata
@@ -42,6 +50,8 @@ class CompiledCapture:
         self.duration = duration
         self.interval = interval or None
         self.on_attach = on_attach  # runs after load, before attach (e.g. the window start)
+        # The fraction of each interval the programs run (1: all the time); needs an interval.
+        self.duty = duty if self.interval else 1.0
         self.on_tick: TickCallback | None = None
         self.info = RunInfo(engine="libbpf", engine_version=libbpf.version())
         self._stop = False
@@ -56,13 +66,11 @@ class CompiledCapture:
 
     def events(self) -> Iterator[Event]:
         started, obj = self._started, self._obj
+        if self.duty < 1.0:
+            yield from self._duty_cycle()
+            return
         with obj, StopSignals() as signals:
-            if self.on_attach is not None:
-                self.on_attach(obj)
-            try:
-                obj.attach()
-            except libbpf.LibbpfError as e:
-                raise PgprobeError(str(e), EXIT_TRACER) from None
+            self._attach(obj)
             attached = time.monotonic()
             self.info.probes_attached = len(obj.program_fds())
             self.info.attach_seconds = attached - started
@@ -96,6 +104,57 @@ class CompiledCapture:
             final = self._snapshot(obj, final=True)
             timings.mark("libbpf-read")
         yield final
+
+    def _attach(self, obj: libbpf.BpfObject) -> None:
+        if self.on_attach is not None:
+            self.on_attach(obj)
+        try:
+            obj.attach()
+        except libbpf.LibbpfError as e:
+            raise PgprobeError(str(e), EXIT_TRACER) from None
+
+    def _duty_cycle(self) -> Iterator[Event]:
+        """Every interval: attached for duty x interval at a random offset, then one snapshot
+        of that part alone (final when a stop came while attached), then detached."""
+        obj, interval = self._obj, float(self.interval or 0)
+        on = self.duty * interval
+        with obj, StopSignals() as signals:
+            period = time.monotonic()
+            self.info.probes_attached = len(obj.program_fds())  # up: loaded, attached in turn
+            while True:
+                begin = period + random.uniform(0.0, interval - on)
+                if self._pause_until(begin, signals):
+                    break
+                self._attach(obj)
+                attached = time.monotonic()
+                if not self.info.attach_seconds:  # the first part's, as a capture's
+                    self.info.attach_seconds = attached - self._started
+                    timings.mark("libbpf-attached")
+                stopped = self._pause_until(attached + on, signals)
+                self.info.duration_seconds = time.monotonic() - attached
+                self.info.missed_runs = libbpf.recursion_misses(obj.program_fds())
+                snapshot = self._snapshot(obj, final=stopped)
+                obj.detach()
+                yield snapshot
+                if stopped:
+                    break
+                period += interval
+                if period + interval < time.monotonic():  # the reader fell behind: no catching up
+                    period = time.monotonic()
+            self.info.interrupted = True
+            self.info.stopped_counting = True
+
+    def _pause_until(self, when: float, signals: StopSignals) -> bool:
+        """Sleep until `when`, ticking; True when asked to stop meanwhile."""
+        while True:
+            now = time.monotonic()
+            if signals.requested or self._stop:
+                return True
+            if now >= when:
+                return False
+            if self.on_tick is not None:
+                self.on_tick(self.info, None)
+            time.sleep(min(TICK_S, when - now))
 
     def _snapshot(self, obj: libbpf.BpfObject, final: bool) -> Snapshot:
         snapshot = self.read(obj, self.info)

@@ -47,6 +47,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_map__max_entries": (_U32, [_V]),
     "bpf_map_get_next_key": (_INT, [_INT, _V, _V]), "bpf_map_lookup_elem": (_INT, [_INT, _V, _V]),
     "bpf_map_update_elem": (_INT, [_INT, _V, _V, ctypes.c_uint64]),
+    "bpf_map_delete_elem": (_INT, [_INT, _V]),
 }  # fmt: skip
 _LIBBPF_DEBUG = 2  # enum libbpf_print_level: WARN 0, INFO 1, DEBUG 2 (dropped, as libbpf's default)
 _PERCPU_MAPS = {5, 6, 10, 21}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
@@ -223,8 +224,10 @@ class BpfObject:
             prog = lib.bpf_object__next_program(self._obj, prog)
 
     def attach(self) -> None:
-        """Attach every program (at the place its SEC() names); the links live until close()."""
+        """Attach every program (at the place its SEC() names); the links live until detach()
+        or close()."""
         lib = _lib()
+        self.detach()
         for name, prog in self._programs():
             start = len(self.log)
             _sink.log = self.log
@@ -234,6 +237,14 @@ class BpfObject:
                 why = _cause(self.log[start:]) or os.strerror(-err or errno.ENOENT)
                 raise LibbpfError(f"cannot attach program {name} of {self.path.name}: {why}")
             self._links.append(link)
+
+    def detach(self) -> None:
+        """Stop every program (destroy the links); the object, its maps and their contents
+        stay, and attach() starts them again without loading (verifying) anew."""
+        lib = _lib()
+        for link in self._links:
+            lib.bpf_link__destroy(link)
+        self._links.clear()
 
     def _map(self, name: str) -> tuple[int, int, int, int]:
         """A map's fd, key size, value size, max entries; per-CPU maps are refused."""
@@ -297,18 +308,24 @@ class BpfObject:
         if err < 0:
             raise LibbpfError(f"cannot update map {name} of {self.path.name}: {os.strerror(-err)}")
 
+    def clear(self, name: str) -> None:
+        """Delete every entry of a hash map (detached: nothing adds any meanwhile)."""
+        fd = self._map(name)[0]
+        for key, _ in self.items(name):
+            err = _lib().bpf_map_delete_elem(fd, key)
+            if err < 0 and err != -errno.ENOENT:
+                why = os.strerror(-err)
+                raise LibbpfError(f"cannot clear map {name} of {self.path.name}: {why}")
+
     def program_fds(self) -> list[int]:
         """Each program's fd (its /proc/self/fdinfo has run_time_ns, recursion_misses...)."""
         return [_lib().bpf_program__fd(prog) for _, prog in self._programs()]
 
     def close(self) -> None:
         """Detach (destroy the links) and free everything; idempotent."""
-        lib = _lib()
-        for link in self._links:
-            lib.bpf_link__destroy(link)
-        self._links.clear()
+        self.detach()
         if self._obj:
-            lib.bpf_object__close(self._obj)
+            _lib().bpf_object__close(self._obj)
             self._obj = None
 
     def __enter__(self) -> BpfObject:

@@ -107,3 +107,16 @@ def read_raw(pid: int, where: StateAddress, proc: Path = Path("/proc")) -> tuple
     From /proc/PID/mem (root). OSError when the memory cannot be read.
     """
     return address.read_through(pid, where.address, where.offset, proc)
+
+
+def read_as_probe(pid: int, wei_address: int, entry: StateAddress | None) -> int:
+    """What bpf/waits.bpf.c charges a sleep of pid to, read now from its memory: the
+    wait_event_info my_wait_event_info points at and, in ClientRead, the entry's st_state
+    in bits 16-23 (none when entry is None or MyBEEntry is not set). OSError when the
+    memory cannot be read."""
+    wei = address.read_through(pid, wei_address, 0)[1]
+    if wei == CLIENT_READ and entry is not None:
+        pointer, state = read_raw(pid, entry)
+        if pointer:
+            return wei | ((state & 0xFF) << SHIFT)
+    return wei

@@ -306,6 +306,7 @@ class Agent:
                 state.lost_events += lost
                 state.last_window_end = time.time()
                 state.last_window_s = now - last
+                state.observed_s += model.observed_s if model is not None else now - last
                 state.lost_events += info.lost_events - seen_lost
                 failed = info.failed_map_updates - seen_failed
                 state.failed_map_updates += failed
@@ -320,6 +321,7 @@ class Agent:
                         state.last_window_end,
                         state.last_window_s,
                     )
+                    other.observed_s = state.observed_s
                 if profile is not None:
                     self.cpu_window = (profile, now - last, state.last_window_end)
             last = now

@@ -22,6 +22,10 @@ DEFAULT_LISTEN = "127.0.0.1:9433"  # beside postgres_exporter's 9187; free in Pr
 DEFAULT_WINDOW_S = 10
 DEFAULT_HZ = 19  # low: about 2 % of the samples flame takes by default
 MAX_WINDOW_S = 3600
+# The time model runs this fraction of each window (a part at a random moment in it): its
+# cost is per context switch, about 2 % of a 2-CPU machine under pgbench -c 8 when it runs
+# all the time (docs/benchmarks.md), so an agent that never stops runs it a fifth of the time.
+DEFAULT_WAITS_DUTY = 0.2
 # For the tracers (children inherit it): glibc gives freed heap back at once and keeps one
 # malloc arena. bpftrace frees most of what compiling the script took (LLVM, BTF) but
 # glibc kept it: 6-9 MiB less anonymous memory per tracer (docs/benchmarks.md, soak).
@@ -37,6 +41,7 @@ def listen_value(text: str) -> tuple[str, int]:
 
 
 window_value = common.bounded(int, 1, MAX_WINDOW_S, unit="seconds")
+duty_value = common.bounded(float, 0.05, 1.0)
 
 
 def add_parser(sub: Any) -> None:
@@ -71,6 +76,15 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_HZ,
         metavar="HZ",
         help=f"CPU samples per second per CPU (default {DEFAULT_HZ})",
+    )
+    parser.add_argument(
+        "--waits-duty",
+        type=duty_value,
+        default=DEFAULT_WAITS_DUTY,
+        metavar="FRACTION",
+        help="the share of each window the time model runs, at a random moment in it (default "
+        f"{DEFAULT_WAITS_DUTY}; 1: all the time, exact totals). Its counters hold the seconds "
+        "it saw; pgprobe_capture_observed_seconds_total says how long it looked",
     )
     parser.add_argument(
         "--lwlock-source",

@@ -39,6 +39,13 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_capture_windows_total{source}                windows folded in (bpftrace prints
                                                        nothing for a window without events)
   pgprobe_capture_restarts_total{source}               tracer restarts after it ended by itself
+  pgprobe_capture_observed_seconds_total{source}       time its probes counted: the windows'
+                                                       length, but for the time model (and the
+                                                       LWLock metrics it feeds) only the part
+                                                       of each window it ran (--waits-duty):
+                                                       rate(pgprobe_wait_seconds_total) / rate(
+                                                       this) is the processes in that wait on
+                                                       average (as rate() is with duty 1)
   pgprobe_capture_lost_events_total{source}            events the tracer said it lost
   pgprobe_capture_failed_map_updates_total{source}     updates refused by full BPF maps
   pgprobe_capture_last_window_end_timestamp_seconds{source}, ..._last_window_seconds{source}
@@ -185,6 +192,8 @@ def source_families(totals: Totals) -> Iterator[Metric]:
                  lambda s: not s.unavailable)  # fmt: skip
     yield family(c, "pgprobe_capture_windows", "windows folded in", lambda s: s.windows)
     yield family(c, "pgprobe_capture_restarts", "tracer restarts", lambda s: s.restarts)
+    yield family(c, "pgprobe_capture_observed_seconds", "time the probes counted",
+                 lambda s: s.observed_s)  # fmt: skip
     yield family(c, "pgprobe_capture_lost_events", "events the tracer lost",
                  lambda s: s.lost_events)  # fmt: skip
     yield family(c, "pgprobe_capture_failed_map_updates", "updates refused by full BPF maps",

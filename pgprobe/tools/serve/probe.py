@@ -16,6 +16,8 @@ bounded by one window) and a counter is the sum of the windows.
   Python as flame does (pgprobe.tools.profiling).
 - ``waits``: bpf/waits.bt (pgprobe waits), the time model of every process of the
   cluster: on CPU, runqueue, off CPU per wait event (PostgreSQL 14+, any build).
+  Compiled (bpf/waits.bpf.c), it runs only --waits-duty of each window (a fresh
+  capture each time, at a random moment); bpf/waits.bt runs all the time.
 
 A new source is one more ``Source`` here with its ``fold`` in records.py and its
 families in metrics.py.
@@ -96,7 +98,7 @@ def _waits(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
     where = address.find(cluster.postmaster_pid, cluster.binary)
     args = waits_probe.script_args(targets, where, window)
     env = {**waits_probe.ENV, "BPFTRACE_MAP_KEYS_MAX": str(waits_map_keys())}
-    return waits_probe.capture(ns, args, env)
+    return waits_probe.capture(ns, args, env, duty=getattr(ns, "waits_duty", 1.0))
 
 
 SOURCES = (

@@ -48,6 +48,7 @@ class SourceState:
     failed_map_updates: int = 0
     last_window_end: float = 0.0  # time.time() of the last snapshot
     last_window_s: float = 0.0
+    observed_s: float = 0.0  # the windows' probes counted this long (duty cycle: in part)
     unavailable: str = ""  # why this server cannot feed it ("" : it can)
 
 

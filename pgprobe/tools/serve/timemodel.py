@@ -31,6 +31,7 @@ class TimeModel:
     types: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (type, app)
     previous: Snapshot | None = None  # the last window's (the maps are cumulative)
     lost_events: int = 0  # what waits.bt knows it missed in the last window
+    observed_s: float = 0.0  # how long the last window's probes counted (duty cycle: a part)
     lwlock_sleeps: bool = False  # also the LWLock sleeps of each window (lwlock_records)
     lwlock_records: list[lwlocks.WaitRecord] = field(default_factory=list)
 
@@ -44,14 +45,17 @@ class TimeModel:
 
         The maps are cumulative since the capture began: a window is the
         difference of this snapshot and the last (records.since()), cut at
-        their @now_ns. The pids found at discovery that still exist are passed
+        their @now_ns; a snapshot of a new capture (a duty cycle's next part)
+        is a window of its own. The pids found at discovery that still exist are passed
         as targets: one asleep since before the capture, never woken, has no
         event to show it (its window is "asleep since before capture"). A pid
         born later has its fork in @task.
         """
         alive = [pid for pid in self.targets.pids if proc.exists(pid)]
         is_ours = waits_targets.ours(self.targets)
-        previous, self.previous = self.previous, snapshot
+        previous, self.previous = waits_records.continues(self.previous, snapshot), snapshot
+        start, end = waits_records.window(snapshot, previous)
+        self.observed_s = max(end - start, 0) / 1e9
         procs = waits_records.since(previous, snapshot, alive, is_ours)
         self.lost_events = sum(waits_records.unseen(snapshot, previous).values())
         major = self.targets.cluster.major

@@ -104,9 +104,10 @@ def capture_windows(
     previous = None  # the maps are cumulative: each window is the difference of two
     for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
         slept_in = asleep_all_along(targets, runs_before)
+        records.keep_asleep(snapshot, slept_in, asleep_now)  # each window models with its own
         if untraced_s is not None and previous is None:  # the gap since the last tracer ended
             untraced_s += records.window(snapshot)[0] / 1e9
-        emit(ns, snapshot, info, targets, by_pid, where, slept_in, asleep_now, fmt, namer,
+        emit(ns, snapshot, info, targets, by_pid, where, slept_in, fmt, namer,
              previous, untraced_s if previous is None else None)  # fmt: skip
         previous = snapshot
         end.end_ns = records.window(snapshot)[1]
@@ -125,14 +126,13 @@ def emit(
     by_pid: bool,
     where: address.WaitEventAddress,
     slept_in: dict[int, int],
-    asleep_now: dict[int, tuple[int, int]] | None = None,
     fmt: str | None = None,
     namer: offcpu.StackNamer | None = None,
     previous: Snapshot | None = None,
     untraced_s: float | None = None,
 ) -> None:
     is_ours = ours(targets)
-    procs = records.since(previous, snapshot, targets.pids, is_ours, slept_in, asleep_now)
+    procs = records.since(previous, snapshot, targets.pids, is_ours)  # records.keep_asleep
     if not targets.whole_cluster:
         procs = [p for p in procs if p.pid in targets.pids]
     off: list[stacks.OffCpuStack] | None = None

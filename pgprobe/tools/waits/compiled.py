@@ -21,7 +21,9 @@ from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
 from pgprobe.engines.compiled import CompiledCapture
 from pgprobe.errors import PgprobeError
 from pgprobe.scripts import script_path
+from pgprobe.tools.waits import records
 from pgprobe.waitevents import address as waitevents_address
+from pgprobe.waitevents import backend_state
 
 OBJECT = "build/waits.bpf.o"  # under bpf/, built by scripts/build-bpf
 WINDOW, GAP, REFUSED, READ = 0, 1, 2, 3  # the object's `scalars` slots
@@ -54,8 +56,10 @@ def why_not(ns: argparse.Namespace) -> str | None:
     return libbpf.unavailable()
 
 
-def capture(args: list[int | Path], duration: float | None) -> CompiledCapture:
-    """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals."""
+def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -> CompiledCapture:
+    """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals; with a duty
+    below 1 (and an interval), each interval's snapshot is a capture of its own (engines.
+    compiled): the maps are emptied and the processes seeded again before each attach."""
     postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
     path = object_path()
     assert path is not None
@@ -63,15 +67,59 @@ def capture(args: list[int | Path], duration: float | None) -> CompiledCapture:
               "be_addr": be_address, "state_off": state_offset,
               "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
 
+    entry = backend_state.StateAddress(be_address, state_offset) if be_address else None
+    asleep: dict[int, tuple[int, int]] = {}  # pid -> (run count, wait event) at the start
+
     def start_window(obj: libbpf.BpfObject) -> None:
-        _seed(obj, [single] if single else [postmaster, *proc.children(postmaster)])
+        _empty(obj)
+        pids = [single] if single else [postmaster, *proc.children(postmaster)]
+        asleep.clear()
+        asleep.update(_asleep_at(pids, address, entry))
+        _seed(obj, pids)
         # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
         obj.update("scalars", _U32.pack(WINDOW), _U64.pack(time.monotonic_ns()))
 
     def read_all(obj: libbpf.BpfObject, info: RunInfo) -> Snapshot:
-        return read(obj, info, postmaster, single)
+        snapshot = read(obj, info, postmaster, single)
+        # What records.since() needs for sleeps begun before the capture (serve has no SQL
+        # connection to ask pg_stat_activity, as pgprobe waits does): read after the maps.
+        slept_in = {pid: wei for pid, (runs, wei) in asleep.items() if proc.run_count(pid) == runs}
+        records.keep_asleep(snapshot, slept_in, asleep)
+        return snapshot
 
-    return CompiledCapture(path, rodata, read_all, duration, interval or None, start_window)
+    return CompiledCapture(path, rodata, read_all, duration, interval or None, start_window, duty)
+
+
+def _asleep_at(
+    pids: list[int], wei_address: int, entry: backend_state.StateAddress | None
+) -> dict[int, tuple[int, int]]:
+    """pid -> (run count, wait event) for the processes that did not run across a read of
+    their memory (the run count the same before and after it) and slept then: in a wait
+    event, or in none (0) where /proc says asleep (a process running all along, unseen by
+    the probes, must not be charged a sleep). The event their sleep at the capture's start
+    is in (records.records' asleep_at_start), as the probe would have read it."""
+    out = {}
+    for pid in pids:
+        runs, sleeping = proc.run_count(pid), proc.asleep(pid)
+        try:
+            wei = backend_state.read_as_probe(pid, wei_address, entry)
+        except OSError:
+            continue
+        if runs is not None and (wei or sleeping) and proc.run_count(pid) == runs:
+            out[pid] = (runs, wei)
+    return out
+
+
+def _empty(obj: libbpf.BpfObject) -> None:
+    """A fresh capture's maps in an object that ran before (detached): no totals, no break
+    in a CPU's chain, no read yet. @task is the seed's to reset, process by process (a task
+    storage map cannot be walked); the object's per-CPU chain of switches may still name a
+    process of the last run, whose entry the seed rewrote: it no longer matches (waits.bpf.c
+    checks the entry's `since`), so no break is counted for it."""
+    for name in (*_BY_TID, *_BY_PAIR, "wait_hist"):
+        obj.clear(name)
+    for slot in (GAP, READ):
+        obj.update("scalars", _U32.pack(slot), _U64.pack(0))
 
 
 def _pointer_at(pid: int, address: int) -> int:

@@ -77,14 +77,19 @@ def bpf_args(args: list[int | Path]) -> list[int | Path]:
 
 
 def capture(
-    ns: argparse.Namespace, args: list[int | Path], env: dict[str, str] | None = None
+    ns: argparse.Namespace,
+    args: list[int | Path],
+    env: dict[str, str] | None = None,
+    duty: float = 1.0,
 ) -> Capture:
     """The time-model capture: bpf/waits.bpf.c compiled when it is built and loads here
-    (a fraction of the script's cost per switch), else bpf/waits.bt, or d/waits.d."""
+    (a fraction of the script's cost per switch), else bpf/waits.bt, or d/waits.d.
+    duty < 1 (with an interval): the compiled form runs that share of each interval; a
+    script runs all the time, and says so."""
     why = compiled.why_not(ns)
     if why is None:
         try:
-            return compiled.capture(args, ns.duration)
+            return compiled.capture(args, ns.duration, duty)
         except libbpf.LibbpfError as e:
             why = f"this kernel refused bpf/build/waits.bpf.o ({e})"
     dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
@@ -92,6 +97,9 @@ def capture(
                              env=ENV if env is None else env)  # fmt: skip
     if why:
         running.info.warnings.append(f"{why}: ran bpf/waits.bt, costlier per context switch")
+    if duty < 1.0:
+        running.info.warnings.append(f"the time model's duty cycle ({duty:g}) needs the compiled "
+                                     "object: the script runs all the time")  # fmt: skip
     return running
 
 

@@ -1,6 +1,6 @@
 """What bpf/waits.bt hands back, and the time model shown: pure functions, no I/O.
 
-Kept in one module (~465 lines) because the time model is one computation: states of @task,
+Kept in one module (~500 lines) because the time model is one computation: states of @task,
 running totals, open intervals and interval differences must agree line by line.
 
 snapshot -> ProcessTime per process (what the kernel measured, plus the
@@ -90,6 +90,39 @@ def window(snapshot: Snapshot, previous: Snapshot | None = None) -> tuple[int, i
     return start, _scalar(snapshot, "now_ns")
 
 
+def continues(previous: Snapshot | None, snapshot: Snapshot) -> Snapshot | None:
+    """previous, when snapshot's maps count on from it (the same capture: the same
+    @window_ns); None when snapshot is a new capture's (serve's duty cycle attaches the
+    time model afresh for a part of each window), whose maps start from zero."""
+    if previous is None or _scalar(previous, "window_ns") != _scalar(snapshot, "window_ns"):
+        return None
+    return previous
+
+
+def keep_asleep(
+    snapshot: Snapshot, slept_in: dict[int, int], asleep_at_start: dict[int, tuple[int, int]]
+) -> None:
+    """Keep in the snapshot what was known at its read of the sleeps begun before the
+    capture (records()' slept_in and asleep_at_start), for asleep_before()."""
+    snapshot.maps["slept_in"] = {(pid,): wei for pid, wei in slept_in.items()}
+    snapshot.maps["asleep_at_start"] = {(pid,): at for pid, at in asleep_at_start.items()}
+
+
+def asleep_before(
+    snapshot: Snapshot,
+) -> tuple[dict[int, int] | None, dict[int, tuple[int, int]] | None]:
+    """(slept_in, asleep_at_start) as keep_asleep() kept them in the snapshot (pgprobe
+    waits from pg_stat_activity, the compiled capture from the processes' memory), for
+    records(); (None, None) when none was kept."""
+    if "asleep_at_start" not in snapshot.maps:
+        return None, None
+    slept_in = {int(str(k[0])): v for k, v in snapshot.get("slept_in").items()
+                if isinstance(v, int)}  # fmt: skip
+    at_start = {int(str(k[0])): (int(v[0]), int(v[1])) for k, v in
+                snapshot.get("asleep_at_start").items() if isinstance(v, tuple)}  # fmt: skip
+    return slept_in, at_start
+
+
 def _unseen_by(snapshot: Snapshot | None) -> dict[tuple[int, int], int]:
     out = {}
     for key, value in (snapshot.get("unseen") if snapshot else {}).items():
@@ -167,7 +200,11 @@ def records(
     that event then): a sleep that began before the capture and ended in it is
     charged to that event when the process's run count at its first switch-out
     (@first_runs) is exactly one more, i.e. it had not run since that read.
+    Neither given: the snapshot's own (asleep_before), so that each of two
+    snapshots of since() is modelled with what was known at its read.
     """
+    if slept_in is None and asleep_at_start is None:  # the snapshot's own, if it has them
+        slept_in, asleep_at_start = asleep_before(snapshot)
     start, end = window(snapshot)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
     procs: dict[int, ProcessTime] = {}
