@@ -16,7 +16,10 @@ after it. Figures:
   /proc/PID/stat (utime + stime of the agent, its live tracers and the ones it reaped),
   in % of one CPU (budget < 1 %);
 - ``rss_mib``, ``bpf_mib``: per process at the end of the last window with the agent, its
-  RSS and the kernel memory of its BPF maps (memlock, each map once).
+  RSS and the kernel memory of its BPF maps (memlock, each map once);
+- ``bpf_ms_per_s``: the BPF programs' run time (the agent's compiled time model and its
+  tracers', kernel statistics), in ms per second of one more window with the agent after the
+  pairs: the statistics cost two clock reads per run, so the TPS windows run without them.
 
 Meaningful on a quiet machine only. ``python -m bench.serve_overhead`` runs it on a
 throwaway cluster.
@@ -35,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench import common
+from bench import bpfstats, common
 from bench.serve_soak import memory_mib, metric, start_agent, tracer_name
 from pgprobe.sandbox import PgCluster, free_port
 
@@ -61,6 +64,7 @@ class ServeOverhead:
     rss_mib: dict[str, float] = field(default_factory=dict)  # at the end of the last window
     bpf_mib: dict[str, float] = field(default_factory=dict)  # kernel memory of the BPF maps
     lost_events: float = 0.0
+    bpf_ms_per_s: dict[str, float] = field(default_factory=dict)  # per program, and "all"
 
     @property
     def tps_ratio(self) -> float | None:
@@ -121,6 +125,31 @@ def with_agent(cluster: PgCluster, result: ServeOverhead) -> None:
         agent.wait(timeout=60)
 
 
+def bpf_time(cluster: PgCluster, result: ServeOverhead) -> None:
+    """One window of pgbench with the agent and the kernel's BPF statistics on: the run time
+    of every BPF program of the agent and of its tracers, per second of the window."""
+    port = free_port()
+    agent = start_agent(cluster, port, *result.serve_args)
+    try:
+        wait_all_up(port, agent)
+        with bpfstats.BpfStats() as stats:
+            if not stats.enabled:
+                raise RuntimeError(f"BPF statistics: {stats.error}")
+            pids = [agent.pid, *common.children(agent.pid)]
+            before = [p for pid in pids for p in bpfstats.programs(pid)]
+            t0 = time.monotonic()
+            pgbench_tps(cluster, result.pgbench_args, result.seconds)
+            wall = time.monotonic() - t0
+            after = [p for pid in pids for p in bpfstats.programs(pid)]
+        per: dict[str, float] = {}
+        for prog in bpfstats.delta(before, after):
+            per[prog.name] = per.get(prog.name, 0.0) + prog.ns / 1e6 / wall
+        result.bpf_ms_per_s = {**per, "all": sum(per.values())}
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=60)
+
+
 def measure(
     cluster: PgCluster,
     *,
@@ -128,6 +157,7 @@ def measure(
     pairs: int = 3,
     pgbench_args: Sequence[str] = PGBENCH_ARGS,
     serve_args: Sequence[str] = (),
+    bpf: bool = True,
 ) -> ServeOverhead:
     """TPS with and without `pgprobe serve` (default rates unless serve_args), CPU share."""
     result = ServeOverhead(seconds, list(pgbench_args), list(serve_args))
@@ -139,6 +169,8 @@ def measure(
             else:
                 result.tps_without.append(pgbench_tps(cluster, pgbench_args, seconds))
             common.log(f"serve overhead: pair {pair + 1}/{pairs}, {step} the agent done")
+    if bpf:
+        bpf_time(cluster, result)
     return result
 
 
@@ -149,10 +181,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("serve_args", nargs="*", help="pgprobe serve's options (after --)")
     args = parser.parse_args()
     with PgCluster(name="pgprobe-serve-overhead") as pg:
         pg.pgbench("-i", "-q", "-s", str(args.scale)).communicate(timeout=600)
-        result = measure(pg, seconds=args.seconds, pairs=args.pairs)
+        result = measure(pg, seconds=args.seconds, pairs=args.pairs, serve_args=args.serve_args)
     print(json.dumps(result.as_json(), indent=1))
     return 0
 

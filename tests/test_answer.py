@@ -278,7 +278,7 @@ def test_no_answer_in_time_falls_back_to_sigint(
     script.write_text(
         'BEGIN { @self = pid; printf("@@live\\n"); }\n'
         "interval:ms:10 /!@stopped/ { @ticks = count(); }\n"
-        "tracepoint:syscalls:sys_enter_kill\n/args->pid == @self && args->sig == 23/\n"
+        f"{bpftrace.ANSWER_PROBE}\n"
         "{ @stopped = 1; }\n"
         'END { clear(@self); clear(@stopped); time("%H:%M:%S\\n"); }\n'
     )

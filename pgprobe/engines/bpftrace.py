@@ -9,8 +9,8 @@ spliced. The capture ends at the end of the duration or on Ctrl-C / SIGTERM:
 bpftrace gets SIGINT, prints its maps, and those are still reported.
 
 A script with an answer probe (ANSWER_PROBE below) ends faster: pgprobe sends
-bpftrace SIGURG, which bpftrace ignores but the script's probe on the kill
-system call sees: it stops counting there, prints its result maps and
+bpftrace SIGURG (with sigqueue, engines/sigqueue.py), which bpftrace ignores but
+the script's probe on that system call sees: it stops counting there, prints its result maps and
 "@@answer"; pgprobe then sends SIGINT and goes on while bpftrace ends
 (runner.Answer), instead of waiting for it to detach every probe before END.
 """
@@ -213,7 +213,9 @@ LIVE_MARKER_PRINTF = f'printf("{LIVE_MARKER}\\n")'
 # A script's answer probe: on SIGURG sent to bpftrace (which ignores that signal; @self
 # is bpftrace's pid, set in BEGIN), it stops counting, prints its result maps after a
 # time() line, then this marker. Its first line, as every script that has one writes it:
-ANSWER_PROBE = "tracepoint:syscalls:sys_enter_kill\n/args->pid == @self && args->sig == 23/"
+ANSWER_PROBE = (
+    "tracepoint:syscalls:sys_enter_rt_sigqueueinfo\n/args->pid == @self && args->sig == 23/"
+)
 ANSWER_MARKER = "@@answer"
 ANSWER_MARKER_PRINTF = f'printf("{ANSWER_MARKER}\\n")'
 _ANSWER_LINE = json.dumps({"type": "printf", "data": ANSWER_MARKER + "\n"}).encode()

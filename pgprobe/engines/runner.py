@@ -14,7 +14,7 @@ that it prints its aggregations, which are still parsed and reported.
 
 A script that can answer while its probes are still attached (an ``Answer``:
 bpftrace scripts with an answer probe) is stopped by the answer's signal
-instead: the script stops counting at that kill system call, prints its maps
+instead: the script stops counting at that sigqueue system call, prints its maps
 and a marker line, and the tracer is then sent SIGINT and left to end in the
 background: pgprobe does not wait for it to detach its probes (bpftrace 0.17
 detaches them one by one before END, a uprobe in 80-150 ms here, and then
@@ -40,6 +40,7 @@ from types import FrameType
 from typing import IO
 
 from pgprobe import priority, timings
+from pgprobe.engines import sigqueue
 from pgprobe.engines.base import Event, RunInfo, TickCallback
 from pgprobe.errors import EXIT_TRACER, PgprobeError
 
@@ -55,7 +56,7 @@ class Answer:
     """How a tracer answers while its probes are attached (see the module's docstring).
 
     signal: what pgprobe sends at the end of the window (one the tracer ignores:
-    the script's probe on the kill system call is what acts on it); complete: the
+    the script's probe on the sigqueue system call is what acts on it); complete: the
     stdout line that shows the whole answer has been printed.
     """
 
@@ -98,7 +99,7 @@ class TracerProcess:
         self._answered = False  # the answer is complete: the tracer ends in the background
         self.on_tick: TickCallback | None = None
         # A script that stops counting when pgprobe signals it (clog_reads.bt watches
-        # pgprobe's kill): the window ends at the first SIGINT, not at END's first line
+        # pgprobe's sigqueue): the window ends at the first SIGINT, not at END's first line
         # (bpftrace 0.17 stops the syscall tracepoints a second or more before END under
         # load). before_signal runs just before that SIGINT (the tool's closing SQL read).
         self.stops_on_signal = False
@@ -266,7 +267,9 @@ class TracerProcess:
                 if attached_at is None:
                     self.answer = None  # never attached: the ordinary end
                 answering = self.answer is not None
-                child.send_signal(self.answer.signal if self.answer else signal.SIGINT)
+                # sigqueue, as the scripts' answer and window-edge probes watch (sigqueue.py)
+                with contextlib.suppress(ProcessLookupError):  # ended: its end is read below
+                    sigqueue.send(child.pid, self.answer.signal if self.answer else signal.SIGINT)
                 # Its answer (or END) comes sooner. After the signal: raised, the tracer
                 # may take this CPU at once, and the signal that closes the window (right
                 # after before_signal's SQL read) would wait its turn (+9-16 % of reads in

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pgprobe.discover import Backend, Targets
-from pgprobe.engines import bpftrace
+from pgprobe.engines import bpftrace, sigqueue
 from pgprobe.engines.base import Line, RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.pgstats import SlruStats
@@ -324,7 +323,7 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
             session.stats.start()
             if stopper is not None and stopper.pid is not None:
                 # clog_reads.bt counts from this signal 0 (no-op) on: right after the read.
-                os.kill(stopper.pid, 0)
+                sigqueue.send(stopper.pid, 0)
         if info.stopped_counting and attached and closing is None:
             closing = session.stats.delta()
         if session.namer is not None:
