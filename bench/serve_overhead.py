@@ -17,9 +17,10 @@ after it. Figures:
   in % of one CPU (budget < 1 %);
 - ``rss_mib``, ``bpf_mib``: per process at the end of the last window with the agent, its
   RSS and the kernel memory of its BPF maps (memlock, each map once);
-- ``bpf_ms_per_s``: the BPF programs' run time (the agent's compiled time model and its
-  tracers', kernel statistics), in ms per second of one more window with the agent after the
-  pairs: the statistics cost two clock reads per run, so the TPS windows run without them.
+- ``bpf_ms_per_s`` (with ``bpf``, as ``python -m bench.serve_overhead`` asks): the BPF
+  programs' run time (the agent's compiled time model and its tracers', kernel statistics),
+  in ms per second of one more window with the agent after the pairs: the statistics cost
+  two clock reads per run, so the TPS windows run without them.
 
 Meaningful on a quiet machine only. ``python -m bench.serve_overhead`` runs it on a
 throwaway cluster.
@@ -157,7 +158,7 @@ def measure(
     pairs: int = 3,
     pgbench_args: Sequence[str] = PGBENCH_ARGS,
     serve_args: Sequence[str] = (),
-    bpf: bool = True,
+    bpf: bool = False,
 ) -> ServeOverhead:
     """TPS with and without `pgprobe serve` (default rates unless serve_args), CPU share."""
     result = ServeOverhead(seconds, list(pgbench_args), list(serve_args))
@@ -181,11 +182,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument(
+        "--pgbench",
+        default=" ".join(PGBENCH_ARGS),
+        help="pgbench's options "
+        f"for the load (default {' '.join(PGBENCH_ARGS)!r}; '-S ...': select-only)",
+    )
     parser.add_argument("serve_args", nargs="*", help="pgprobe serve's options (after --)")
     args = parser.parse_args()
     with PgCluster(name="pgprobe-serve-overhead") as pg:
         pg.pgbench("-i", "-q", "-s", str(args.scale)).communicate(timeout=600)
-        result = measure(pg, seconds=args.seconds, pairs=args.pairs, serve_args=args.serve_args)
+        result = measure(pg, seconds=args.seconds, pairs=args.pairs, serve_args=args.serve_args,
+                         pgbench_args=args.pgbench.split(), bpf=True)  # fmt: skip
     print(json.dumps(result.as_json(), indent=1))
     return 0
 

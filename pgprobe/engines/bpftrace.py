@@ -1,6 +1,6 @@
 """The bpftrace engine: run bpf/<tool>.bt with -f json and turn its output into records.
 
-Long (~410 lines) because one idea spans it: bpftrace's JSON output, from the live
+Long because one idea spans it (~415 lines): bpftrace's JSON output, from the live
 marker to the answer probe's end marker, parsed into the maps every tool reads.
 
 Only validated values reach bpftrace: integers, and paths pgprobe resolved itself,

@@ -13,6 +13,7 @@ rt_sigqueueinfo, so the probes cost nothing while they wait. By hand: util-linux
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -39,7 +40,11 @@ def send(pid: int, sig: int) -> None:
     info[rt : rt + 4] = os.getpid().to_bytes(4, sys.byteorder)
     info[rt + 4 : rt + 8] = os.getuid().to_bytes(4, sys.byteorder)
     buf = (ctypes.c_char * _SIGINFO_SIZE).from_buffer(info)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(number, ctypes.c_long(pid), ctypes.c_long(sig), buf) != 0:
+    if _libc().syscall(number, ctypes.c_long(pid), ctypes.c_long(sig), buf) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))  # ESRCH: ProcessLookupError, as os.kill's
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)

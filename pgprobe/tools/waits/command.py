@@ -103,8 +103,12 @@ def capture_windows(
     end = CaptureEnd(0)
     previous = None  # the maps are cumulative: each window is the difference of two
     for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
-        slept_in = asleep_all_along(targets, runs_before)
-        records.keep_asleep(snapshot, slept_in, asleep_now)  # each window models with its own
+        # Each window is modelled with what was known at its read: the compiled capture
+        # keeps it from the processes' memory, a script's snapshot gets pg_stat_activity's.
+        slept_in = records.asleep_before(snapshot)[0]
+        if slept_in is None:
+            slept_in = asleep_all_along(targets, runs_before)
+            records.keep_asleep(snapshot, slept_in, asleep_now)
         if untraced_s is not None and previous is None:  # the gap since the last tracer ended
             untraced_s += records.window(snapshot)[0] / 1e9
         emit(ns, snapshot, info, targets, by_pid, where, slept_in, fmt, namer,

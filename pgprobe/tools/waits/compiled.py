@@ -68,44 +68,51 @@ def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -
               "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
 
     entry = backend_state.StateAddress(be_address, state_offset) if be_address else None
-    asleep: dict[int, tuple[int, int]] = {}  # pid -> (run count, wait event) at the start
+    seeded: dict[int, int] = {}  # pid -> its run count written into its entry (_seed)
+    asleep: dict[int, tuple[int, int]] = {}  # pid -> (that run count, its wait event)
 
     def start_window(obj: libbpf.BpfObject) -> None:
         _empty(obj)
-        pids = [single] if single else [postmaster, *proc.children(postmaster)]
-        asleep.clear()
-        asleep.update(_asleep_at(pids, address, entry))
-        _seed(obj, pids)
+        seeded.clear()
+        seeded.update(_seed(obj, [single] if single else [postmaster, *proc.children(postmaster)]))
         # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
         obj.update("scalars", _U32.pack(WINDOW), _U64.pack(time.monotonic_ns()))
 
+    def read_asleep() -> None:
+        asleep.clear()
+        asleep.update(_asleep_since(seeded, address, entry))
+
     def read_all(obj: libbpf.BpfObject, info: RunInfo) -> Snapshot:
-        snapshot = read(obj, info, postmaster, single)
-        # What records.since() needs for sleeps begun before the capture (serve has no SQL
-        # connection to ask pg_stat_activity, as pgprobe waits does): read after the maps.
+        # What records.since() needs for the sleeps begun before the capture (serve has no
+        # SQL connection to ask pg_stat_activity, as pgprobe waits does). Before the maps:
+        # a process that has not run yet slept all along until here; one that wakes from
+        # here on has its switch-in in the maps.
         slept_in = {pid: wei for pid, (runs, wei) in asleep.items() if proc.run_count(pid) == runs}
+        snapshot = read(obj, info, postmaster, single)
         records.keep_asleep(snapshot, slept_in, asleep)
         return snapshot
 
-    return CompiledCapture(path, rodata, read_all, duration, interval or None, start_window, duty)
+    return CompiledCapture(path, rodata, read_all, duration, interval or None, start_window,
+                           duty, read_asleep)  # fmt: skip
 
 
-def _asleep_at(
-    pids: list[int], wei_address: int, entry: backend_state.StateAddress | None
+def _asleep_since(
+    seeded: dict[int, int], wei_address: int, entry: backend_state.StateAddress | None
 ) -> dict[int, tuple[int, int]]:
-    """pid -> (run count, wait event) for the processes that did not run across a read of
-    their memory (the run count the same before and after it) and slept then: in a wait
-    event, or in none (0) where /proc says asleep (a process running all along, unseen by
-    the probes, must not be charged a sleep). The event their sleep at the capture's start
-    is in (records.records' asleep_at_start), as the probe would have read it."""
+    """pid -> (run count, wait event), read right after the attach, for the processes that
+    have not run since their seed (the run count the seed wrote, before the attach, is
+    still theirs after this read of their memory) and sleep: in a wait event, or in none
+    (0) where /proc says asleep (a process running all along, unseen by the probes, must
+    not be charged a sleep). So they slept at the attach, in the event the probe would
+    have read (records.records' asleep_at_start)."""
     out = {}
-    for pid in pids:
-        runs, sleeping = proc.run_count(pid), proc.asleep(pid)
+    for pid, runs in seeded.items():
+        sleeping = proc.asleep(pid)
         try:
             wei = backend_state.read_as_probe(pid, wei_address, entry)
         except OSError:
             continue
-        if runs is not None and (wei or sleeping) and proc.run_count(pid) == runs:
+        if (wei or sleeping) and proc.run_count(pid) == runs:
             out[pid] = (runs, wei)
     return out
 
@@ -132,12 +139,14 @@ def _pointer_at(pid: int, address: int) -> int:
         return 0
 
 
-def _seed(obj: libbpf.BpfObject, pids: list[int]) -> None:
+def _seed(obj: libbpf.BpfObject, pids: list[int]) -> dict[int, int]:
     """Each process's runqueue total and run count (/proc/PID/schedstat) in its @task entry,
     before the probes attach. The object has no wakeup probe: at a process's first
     switch-in it takes the runqueue part of a sleep that began before the capture from the
     kernel's count since this seed (exact also when the process moved to another CPU's
-    queue, which restarts the kernel's "queued since"), if it has not run since."""
+    queue, which restarts the kernel's "queued since"), if it has not run since.
+    Returns pid -> the run count written, for the processes seeded."""
+    seeded = {}
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/schedstat").read_text().split()
@@ -147,10 +156,12 @@ def _seed(obj: libbpf.BpfObject, pids: list[int]) -> None:
             continue  # gone: nothing to seed
         try:
             obj.update("task", _I32.pack(pidfd), _TASK.pack(0, 0, 0, runs + 1, *[0] * 7, run_delay))
+            seeded[pid] = runs
         except libbpf.LibbpfError:
             pass  # exited meanwhile; or refused: its first sleep counts from the last queueing
         finally:
             os.close(pidfd)
+    return seeded
 
 
 def _tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[Key, AggValue]:
