@@ -50,6 +50,31 @@ def run_count(pid: int) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class SchedCounters:
+    """The kernel's per-task scheduling counters, as /proc shows them."""
+
+    cpu_ns: int  # time on CPU (schedstat field 1: se.sum_exec_runtime)
+    runq_ns: int  # time runnable in a runqueue, waiting for a CPU (field 2: run_delay)
+    runs: int  # times put on a CPU (field 3)
+    sleeps: int  # voluntary switches (status: voluntary_ctxt_switches, the kernel's nvcsw)
+
+
+_VOLUNTARY = "\nvoluntary_ctxt_switches:"
+
+
+def sched_counters(pid: int) -> SchedCounters | None:
+    """pid's counters (two files, read schedstat first), or None when it is gone."""
+    try:
+        cpu, runq, runs = (int(f) for f in (PROC / str(pid) / "schedstat").read_text().split()[:3])
+        status = (PROC / str(pid) / "status").read_text()
+        start = status.index(_VOLUNTARY) + len(_VOLUNTARY)
+        sleeps = int(status[start : status.index("\n", start)])
+    except (OSError, ValueError):
+        return None
+    return SchedCounters(cpu, runq, runs, sleeps)
+
+
 def asleep(pid: int) -> bool:
     """Whether pid is asleep now (/proc/PID/stat's state S or D: not running, not runnable)."""
     try:

@@ -51,10 +51,11 @@ from helpers import (
 )
 
 from pgprobe import waitevents
-from pgprobe.engines.base import Snapshot
+from pgprobe.engines.base import Log2Hist, Snapshot
 from pgprobe.pgbuilds import PgBuild
+from pgprobe.proc import SchedCounters
 from pgprobe.sandbox import PgCluster
-from pgprobe.tools.waits import records
+from pgprobe.tools.waits import compiled, records
 
 CPU_QUERY = "SELECT count(*) FROM generate_series(1, 3000000)"
 # The blocked statement's own account, read inside the server around the UPDATE only:
@@ -118,6 +119,52 @@ def test_records_name_a_sleep_from_before_the_capture_and_clip_at_exit() -> None
     assert by_pid[7].wait_ns == {clientread: 4_000}
     assert by_pid[8].wait_ns == {waitevents.BEFORE_CAPTURE: 4_000}  # it ran in between
     assert by_pid[9].cpu_ns == 1_000 and by_pid[9].wall_ns == 5_000
+
+
+def test_compiled_closes_an_open_interval_on_the_kernels_counters() -> None:
+    """Pure: the interval still open at a read of the compiled object's @task entry, closed
+    on /proc's counters as bpf/waits.bpf.c closes one at a switch-out: its growth in CPU
+    and runqueue time to the totals (runqueue before the first preemption: woken; after:
+    preempted), the rest an open sleep in the entry's event ending at the read. A sleep
+    begun since (voluntary switches one more) was not seen: nothing charged to a sleep. A
+    seeded process asleep then keeps its event; one that slept since the seed, before the
+    attach, is unknown; one running at the seed has no sleep to charge."""
+    clientread = waitevents.number(15, "Client", "ClientRead")
+    assert clientread is not None
+
+    def closed(state: int, a: int, rd_p: int, sleeps: int) -> tuple[int, ...]:
+        # since 1_000 with cpu 500, run_delay 700, 9 voluntary switches, totals (10, 1, 2,
+        # clientread, 40); read at 5_000: 200 more on CPU, 300 more queued
+        entry = compiled._TASK.pack(1_000, state, a, rd_p, 10, 1, 2, clientread, 40,
+                                    500, 700, 9, 0, 0, 0, *[0] * compiled.HIST_SLOTS)  # fmt: skip
+        return compiled._closed((entry, 5_000, SchedCounters(700, 1_000, 3, sleeps)), 6_000)
+
+    totals = (210, 1, 302, clientread, 40)
+    assert closed(compiled.ASLEEP, clientread, 0, 9) == (2_500, records.ASLEEP, clientread, 0,
+                                                         *totals)  # fmt: skip
+    # preempted when 100 of the 300 were queued: 100 woken, 200 preempted
+    split = (210, 201, 102, clientread, 40)
+    assert closed(compiled.ASLEEP, clientread, 801, 9)[4:] == split
+    assert closed(compiled.ASLEEP, clientread, 0, 10) == (0, 0, 0, 0, *totals)
+    assert closed(compiled.SEEDED_ASLEEP, 0x0500_0001, 0, 9)[1:3] == (records.ASLEEP, 0x0500_0001)
+    before = waitevents.BEFORE_CAPTURE
+    assert closed(compiled.SEEDED_ASLEEP, 0x0500_0001, 0, 10)[1:3] == (records.ASLEEP, before)
+    assert closed(compiled.SEEDED_RUNNING, 0, 0, 10)[1:3] == (records.ASLEEP, before)
+    assert closed(compiled.SEEDED_RUNNING, 0, 0, 9)[:3] == (0, 0, 0)
+    assert closed(compiled.STARTED, 0, 0, 9)[:3] == (0, 0, 0)
+
+
+def test_compiled_adds_each_tasks_own_histogram_to_the_maps() -> None:
+    """Pure: the sleeps still in a live task's histogram (of its running total's event,
+    not yet moved to @wait_hist) count with @wait_hist's, bucket by bucket."""
+    clientread = waitevents.number(15, "Client", "ClientRead")
+    assert clientread is not None
+    slots = [0] * compiled.HIST_SLOTS
+    slots[3], slots[5] = 1, 4
+    entry = compiled._TASK.pack(*[0] * 7, clientread, *[0] * 7, *slots)
+    item = (compiled._HIST_KEY.pack(7, clientread, 3, 0), compiled._U64.pack(2))
+    hists = compiled._hists([item], {7: entry})
+    assert hists == {(7, clientread): Log2Hist(((4, 7, 3), (16, 31, 4)))}
 
 
 def test_records_make_a_lost_wakeup_of_a_sleep_from_before_the_capture_that_sleep() -> None:

@@ -20,10 +20,14 @@ from pgprobe.errors import EXIT_ENV, PgprobeError
 NONE = 0  # asleep with no wait event set (kernel I/O, page faults, ... outside PostgreSQL's waits)
 UNREADABLE = 1  # the wait event could not be read from the process's memory
 BEFORE_CAPTURE = 2  # asleep since before the capture began: the event is not known
+# The postmaster asleep with no wait event: it sets none in its main loop (it has no
+# PGPROC), so that is what such a sleep of the postmaster is; idle (records.rows).
+POSTMASTER_LOOP = 3
 OWN_NAMES = {
     NONE: ("", "(no wait event)"),
     UNREADABLE: ("", "(unreadable)"),
     BEFORE_CAPTURE: ("", "(asleep since before capture)"),
+    POSTMASTER_LOOP: ("Activity", "(postmaster main loop)"),
 }
 MAJORS = (14, 15, 16, 17, 18)
 # Client:ClientRead, which bpf/waits.bt charges with the backend's state (idle, idle in

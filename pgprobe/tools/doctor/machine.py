@@ -83,7 +83,7 @@ def check_compiled_waits() -> Check:
             pass
     except libbpf.LibbpfError as exc:
         return Check(name, "warn", f"this kernel refuses it ({exc}): {fallback}",
-                     "Linux 6.2 or later with BTF")  # fmt: skip
+                     "Linux 5.13 or later with BTF")  # fmt: skip
     return Check(name, "ok", f"{path} loads (libbpf {libbpf.version()})")
 
 

@@ -103,8 +103,10 @@ def capture_windows(
     end = CaptureEnd(0)
     previous = None  # the maps are cumulative: each window is the difference of two
     for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
-        # Each window is modelled with what was known at its read: the compiled capture
-        # keeps it from the processes' memory, a script's snapshot gets pg_stat_activity's.
+        # Each window is modelled with what was known at its read: pg_stat_activity's, for
+        # the processes asleep all along (a script's snapshot; the compiled capture seeds
+        # each process with the wait event read from its memory, and needs it only for one
+        # that had no entry).
         slept_in = records.asleep_before(snapshot)[0]
         if slept_in is None:
             slept_in = asleep_all_along(targets, runs_before)

@@ -1,11 +1,13 @@
 """`pgprobe waits` on bpf/waits.bpf.c, compiled: its maps read into waits.bt's snapshot.
 
-The compiled object keeps waits.bt's maps, keys and @task states (bpf/waits.bpf.c), at a
-fraction of its cost per context switch (docs/benchmarks.md): records.py reads either the
-same way. It is used when scripts/build-bpf has built it and this kernel loads it (raw BTF
-tracepoints, Linux 5.5+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in
-one line. `--engine bpftrace` asks for the script.
-"""
+The compiled object measures on the kernel's own counters (bpf/waits.bpf.c: it runs only
+when a process of ours goes to sleep, or is preempted) and writes waits.bt's output maps
+at a fraction of its cost per context switch (docs/benchmarks.md). Its @task entries are
+turned into waits.bt's here, the interval still open at a read closed on /proc's counters
+(_closed), so records.py reads either the same way. It is used when scripts/build-bpf has
+built it and this kernel loads it (raw BTF tracepoints and task storage, Linux 5.11+ with
+BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line. `--engine bpftrace`
+asks for the script."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import struct
 import time
 from pathlib import Path
 
-from pgprobe import engines, proc
+from pgprobe import engines, proc, waitevents
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
 from pgprobe.engines.compiled import CompiledCapture
@@ -26,15 +28,23 @@ from pgprobe.waitevents import address as waitevents_address
 from pgprobe.waitevents import backend_state
 
 OBJECT = "build/waits.bpf.o"  # under bpf/, built by scripts/build-bpf
-WINDOW, GAP, REFUSED, READ = 0, 1, 2, 3  # the object's `scalars` slots
+WINDOW, REFUSED = 0, 1  # the object's `scalars` slots
+# The object's @task states (bpf/waits.bpf.c): not asleep then (a fork); a switch-out into
+# a sleep; pgprobe's seed: asleep with no run since, or not (running or runnable).
+STARTED, ASLEEP, SEEDED_ASLEEP, SEEDED_RUNNING = 1, records.ASLEEP, 10, 11
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
 _PAIR = struct.Struct("<II")
 _HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
-_TASK = struct.Struct("<12Q")  # waits.bt's @task tuple, then three fields of its own
-_BY_TID = ("cpu_ns", "born_ns", "exit_ns", "first_runs")
+# since, state, a, rd_p, then waits.bt's running totals (cpu, runq2, runq3, wei, wait), the
+# kernel's counters at `since` (cpu0, rd0, nv0), the two cached pointers, then the log2
+# histogram of the sleeps in `wei` not yet in @wait_hist (a bit per slot used, the slots)
+HIST_SLOTS = 48
+_TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q")
+_HIST_AT = 15
+_BY_TID = ("cpu_ns", "born_ns", "exit_ns")
 _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
 
 
@@ -66,67 +76,27 @@ def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -
     rodata = {"postmaster": postmaster, "wei_addr": address, "only_pid": single,
               "be_addr": be_address, "state_off": state_offset,
               "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
-
     entry = backend_state.StateAddress(be_address, state_offset) if be_address else None
-    seeded: dict[int, int] = {}  # pid -> its run count written into its entry (_seed)
-    asleep: dict[int, tuple[int, int]] = {}  # pid -> (that run count, its wait event)
+
+    def pids() -> list[int]:
+        return [single] if single else [postmaster, *proc.children(postmaster)]
 
     def start_window(obj: libbpf.BpfObject) -> None:
         _empty(obj)
-        seeded.clear()
-        seeded.update(_seed(obj, [single] if single else [postmaster, *proc.children(postmaster)]))
         # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
-        obj.update("scalars", _U32.pack(WINDOW), _U64.pack(time.monotonic_ns()))
+        window = time.monotonic_ns()
+        obj.update("scalars", _U32.pack(WINDOW), _U64.pack(window))
+        _seed(obj, window, pids(), address, entry)
 
-    def read_asleep() -> None:
-        asleep.clear()
-        asleep.update(_asleep_since(seeded, address, entry))
-
-    def read_all(obj: libbpf.BpfObject, info: RunInfo) -> Snapshot:
-        # What records.since() needs for the sleeps begun before the capture (serve has no
-        # SQL connection to ask pg_stat_activity, as pgprobe waits does). Before the maps:
-        # a process that has not run yet slept all along until here; one that wakes from
-        # here on has its switch-in in the maps.
-        slept_in = {pid: wei for pid, (runs, wei) in asleep.items() if proc.run_count(pid) == runs}
-        snapshot = read(obj, info, postmaster, single)
-        records.keep_asleep(snapshot, slept_in, asleep)
-        return snapshot
-
-    return CompiledCapture(path, rodata, read_all, duration, interval or None, start_window,
-                           duty, read_asleep)  # fmt: skip
-
-
-def _asleep_since(
-    seeded: dict[int, int], wei_address: int, entry: backend_state.StateAddress | None
-) -> dict[int, tuple[int, int]]:
-    """pid -> (run count, wait event), read right after the attach, for the processes that
-    have not run since their seed (the run count the seed wrote, before the attach, is
-    still theirs after this read of their memory) and sleep: in a wait event, or in none
-    (0) where /proc says asleep (a process running all along, unseen by the probes, must
-    not be charged a sleep). So they slept at the attach, in the event the probe would
-    have read (records.records' asleep_at_start)."""
-    out = {}
-    for pid, runs in seeded.items():
-        sleeping = proc.asleep(pid)
-        try:
-            wei = backend_state.read_as_probe(pid, wei_address, entry)
-        except OSError:
-            continue
-        if (wei or sleeping) and proc.run_count(pid) == runs:
-            out[pid] = (runs, wei)
-    return out
+    return CompiledCapture(path, rodata, lambda obj, info: read(obj, info, pids()), duration,
+                           interval or None, start_window, duty)  # fmt: skip
 
 
 def _empty(obj: libbpf.BpfObject) -> None:
-    """A fresh capture's maps in an object that ran before (detached): no totals, no break
-    in a CPU's chain, no read yet. @task is the seed's to reset, process by process (a task
-    storage map cannot be walked); the object's per-CPU chain of switches may still name a
-    process of the last run, whose entry the seed rewrote: it no longer matches (waits.bpf.c
-    checks the entry's `since`), so no break is counted for it."""
+    """A fresh capture's maps in an object that ran before (detached): no totals. @task is
+    the seed's to reset, process by process (a task storage map cannot be walked)."""
     for name in (*_BY_TID, *_BY_PAIR, "wait_hist"):
         obj.clear(name)
-    for slot in (GAP, READ):
-        obj.update("scalars", _U32.pack(slot), _U64.pack(0))
 
 
 def _pointer_at(pid: int, address: int) -> int:
@@ -139,71 +109,135 @@ def _pointer_at(pid: int, address: int) -> int:
         return 0
 
 
-def _seed(obj: libbpf.BpfObject, pids: list[int]) -> dict[int, int]:
-    """Each process's runqueue total and run count (/proc/PID/schedstat) in its @task entry,
-    before the probes attach. The object has no wakeup probe: at a process's first
-    switch-in it takes the runqueue part of a sleep that began before the capture from the
-    kernel's count since this seed (exact also when the process moved to another CPU's
-    queue, which restarts the kernel's "queued since"), if it has not run since.
-    Returns pid -> the run count written, for the processes seeded."""
-    seeded = {}
-    for pid in pids:
+def _seed(
+    obj: libbpf.BpfObject,
+    window: int,
+    pids: list[int],
+    wei_address: int,
+    entry: backend_state.StateAddress | None,
+) -> None:
+    """Each process's kernel counters (/proc) in its @task entry as of the window's start,
+    before the probes attach: the object splits the time from there to its first sleep
+    seen on them (waits.bpf.c). The counters are read first, all of them, right after the
+    window began (a process that ran meanwhile has those microseconds not accounted). A
+    process asleep throughout (asleep, and not run from that read to a second one) slept
+    in the wait event read from its memory in between, as the probe reads it: the tail of
+    that sleep is charged to it; one whose memory cannot be read, to "asleep since before
+    the capture"."""
+    first = {pid: proc.sched_counters(pid) for pid in pids}
+    for pid, counters in first.items():
+        sleeping = proc.asleep(pid)
         try:
-            fields = Path(f"/proc/{pid}/schedstat").read_text().split()
-            run_delay, runs = int(fields[1]), int(fields[2])
-            pidfd = os.pidfd_open(pid)
-        except (OSError, ValueError, IndexError):
+            wei = backend_state.read_as_probe(pid, wei_address, entry)
+        except OSError:
+            wei = waitevents.BEFORE_CAPTURE
+        last = proc.sched_counters(pid)
+        if counters is None or last is None:
             continue  # gone: nothing to seed
+        state = SEEDED_ASLEEP if sleeping and last.runs == counters.runs else SEEDED_RUNNING
+        value = _TASK.pack(window, state, wei, 0, *[0] * 5, counters.cpu_ns, counters.runq_ns,
+                           counters.sleeps, *[0] * (3 + HIST_SLOTS))  # fmt: skip
         try:
-            obj.update("task", _I32.pack(pidfd), _TASK.pack(0, 0, 0, runs + 1, *[0] * 7, run_delay))
-            seeded[pid] = runs
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            obj.update("task", _I32.pack(pidfd), value)
         except libbpf.LibbpfError:
-            pass  # exited meanwhile; or refused: its first sleep counts from the last queueing
+            pass  # exited meanwhile; or refused: counted from its first sleep seen
         finally:
             os.close(pidfd)
-    return seeded
 
 
-def _tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[Key, AggValue]:
-    """@task of these processes: its state lives in the task (task local storage, asked by
-    pidfd). An exited process has none left: its totals went to the maps at its last
-    switch-out."""
-    out: dict[Key, AggValue] = {}
+# One process's @task entry, read with its counters: (entry, when read, counters).
+RawTask = tuple[bytes, int, proc.SchedCounters]
+
+
+def _raw_tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[int, RawTask]:
+    """@task of these processes, each with its kernel counters (/proc) read at the same
+    moment: the entry read again after them must be the same (no switch-out between). The
+    state lives in the task (task local storage, asked by pidfd). An exited process has
+    none left: its totals went to the maps at its last switch-out."""
+    out: dict[int, RawTask] = {}
     for pid in pids:
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
             continue  # gone
         try:
-            value = obj.lookup("task", _I32.pack(pidfd))
+            for _attempt in range(3):
+                entry = obj.lookup("task", _I32.pack(pidfd))
+                when = time.monotonic_ns()
+                counters = proc.sched_counters(pid)
+                if entry is None or counters is None:
+                    break
+                out[pid] = (entry, when, counters)
+                if obj.lookup("task", _I32.pack(pidfd)) == entry:
+                    break
         finally:
             os.close(pidfd)
-        if value is not None:
-            out[(pid,)] = _TASK.unpack(value)[:9]
     return out
 
 
-def read(obj: libbpf.BpfObject, info: RunInfo, postmaster: int, single: int) -> Snapshot:
-    """The maps as waits.bt prints them, @now_ns the moment the read began."""
-    pids = [single] if single else [postmaster, *proc.children(postmaster)]
-    now = time.monotonic_ns()
-    # First: a sleep that ends after this moment keeps the part read here as its wait
-    # event's (the object's end_sleep), so that no total shrinks between two reads.
-    obj.update("scalars", _U32.pack(READ), _U64.pack(now))
-    maps: dict[str, dict[Key, AggValue]] = {"now_ns": {(): now}}
+def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
+    """waits.bt's @task tuple for a raw entry: the interval still open at the read (since
+    the entry's `since`) closed on the kernel's counters, as bpf/waits.bpf.c closes one at a
+    switch-out (close_interval; keep the two alike): its on-CPU and runqueue parts added to
+    the running totals, the rest asleep, an open sleep (state ASLEEP) ending at `now`."""
+    entry, when, counters = raw
+    since, state, a, rd_p, cpu, runq2, runq3, wei, wait, cpu0, rd0, nv0 = _TASK.unpack(entry)[:12]
+    span = max(0, when - since)
+    on_cpu = min(max(0, counters.cpu_ns - cpu0), span)
+    queued = min(max(0, counters.runq_ns - rd0), span - on_cpu)
+    woken = min(rd_p - 1 - rd0, queued) if rd_p else queued
+    slept = span - on_cpu - queued
+    sleeps = counters.sleeps - nv0  # sleeps begun since `since`: none, or the entry is stale
+    asleep_in = None
+    if state in (SEEDED_ASLEEP, SEEDED_RUNNING) and sleeps:
+        asleep_in = waitevents.BEFORE_CAPTURE  # slept after the seed, before the attach
+    elif state in (SEEDED_ASLEEP, ASLEEP) and not sleeps:
+        asleep_in = a
+    # else: no sleep under way at `since` (forked, or running at the seed: the clocks'
+    # difference), or a sleep not seen (counted by the object at the next switch-out)
+    totals = (on_cpu + cpu, runq2 + queued - woken, runq3 + woken, wei, wait)
+    if asleep_in is None or not slept:
+        return (0, 0, 0, 0, *totals)
+    return (now - slept, ASLEEP, asleep_in, 0, *totals)
+
+
+def read(obj: libbpf.BpfObject, info: RunInfo, pids: list[int]) -> Snapshot:
+    """The maps as waits.bt prints them; @now_ns the moment the read ended (each process's
+    time is counted to the moment its counters were read, just before)."""
     scalars = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in obj.items("scalars")}
-    maps["window_ns"] = {(): scalars.get(WINDOW, 0)}
-    if scalars.get(GAP):
-        maps["gap_ns"] = {(): scalars[GAP]}
-    before = _tasks(obj, pids)
+    maps: dict[str, dict[Key, AggValue]] = {"window_ns": {(): scalars.get(WINDOW, 0)}}
+    before = _raw_tasks(obj, pids)
     for name in _BY_TID:
         maps[name] = {(_U32.unpack(k)[0],): _U64.unpack(v)[0] for k, v in obj.items(name)}
     for name in _BY_PAIR:
         maps[name] = {_PAIR.unpack(k): _U64.unpack(v)[0] for k, v in obj.items(name)}
-    maps["task"] = _consistent(obj, before, _tasks(obj, pids), maps["wait_ns"])
-    maps["wait_hist"] = _hists(obj.items("wait_hist"))
+    hist_items = obj.items("wait_hist")
+    after = _raw_tasks(obj, pids)
+    now = time.monotonic_ns()
+    maps["now_ns"] = {(): now}
+    for pid, (entry, _when, counters) in after.items():
+        if _unmoved(pid, counters):  # neither run nor on CPU since: as it was at `now`
+            after[pid] = (entry, now, counters)
+    closed_before: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in before.items()}
+    closed_after: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in after.items()}
+    maps["task"] = _consistent(obj, closed_before, closed_after, maps["wait_ns"])
+    # the sleeps still in each task's histogram, from the entry kept for its totals
+    kept = {pid: (before[pid] if maps["task"][(pid,)] is closed_before.get((pid,)) else raw)[0]
+            for pid, raw in after.items()}  # fmt: skip
+    maps["wait_hist"] = _hists(hist_items, kept)
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
+
+
+def _unmoved(pid: int, counters: proc.SchedCounters) -> bool:
+    """Whether pid's time on CPU and run count are still those read (asleep, or waiting
+    for a CPU, since)."""
+    now = proc.sched_counters(pid)
+    return now is not None and (now.cpu_ns, now.runs) == (counters.cpu_ns, counters.runs)
 
 
 def _consistent(
@@ -232,12 +266,22 @@ def _consistent(
     return out
 
 
-def _hists(items: list[tuple[bytes, bytes]]) -> dict[Key, AggValue]:
-    """(tid, wei, slot) -> count into a Log2Hist per (tid, wei): slot 0 holds 0, slot k
-    2^(k-1) .. 2^k - 1 (bpftrace's hist buckets)."""
-    buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[Key, AggValue]:
+    """(tid, wei, slot) -> count, from @wait_hist and the live tasks' own histograms (of
+    their running total's event), into a Log2Hist per (tid, wei): slot 0 holds 0, slot k
+    2^(k-1) .. 2^k - 1 (bpftrace's hist buckets; the object's last slot holds all longer)."""
+    counts: dict[tuple[int, int, int], int] = {}
     for k, v in items:
         tid, wei, slot, _ = _HIST_KEY.unpack(k)
+        counts[(tid, wei, slot)] = _U64.unpack(v)[0]
+    for pid, entry in entries.items():
+        fields = _TASK.unpack(entry)
+        for slot, n in enumerate(fields[_HIST_AT:]):
+            if n:
+                key = (pid, fields[7], slot)
+                counts[key] = counts.get(key, 0) + n
+    buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for (tid, wei, slot), n in counts.items():
         low, high = (0, 0) if slot == 0 else (1 << (slot - 1), (1 << slot) - 1)
-        buckets.setdefault((tid, wei), []).append((low, high, _U64.unpack(v)[0]))
+        buckets.setdefault((tid, wei), []).append((low, high, n))
     return {key: Log2Hist(tuple(sorted(b))) for key, b in buckets.items()}

@@ -432,12 +432,23 @@ def rows(procs: Iterable[ProcessTime], major: int, by_pid: bool, describe: Descr
     """The time model per process (by_pid) or summed over the processes."""
     groups: dict[int | None, list[ProcessTime]] = defaultdict(list)
     for p in procs:
+        if waitevents.NONE in p.wait_ns and describe(p.pid)[0] == "postmaster":
+            _main_loop(p)
         groups[p.pid if by_pid else None].append(p)
     out: list[Row] = []
     for pid, group in sorted(groups.items(), key=lambda kv: kv[0] or 0):
         btype, app = describe(pid) if pid is not None else ("", "")
         out.extend(_model(group, major, pid, btype, app))
     return out
+
+
+def _main_loop(p: ProcessTime) -> None:
+    """The postmaster's sleeps with no wait event are its main loop's: idle, not the
+    "(no wait event)" of a backend's kernel I/O (waitevents.POSTMASTER_LOOP)."""
+    loop = waitevents.POSTMASTER_LOOP
+    p.wait_ns[loop] = p.wait_ns.get(loop, 0) + p.wait_ns.pop(waitevents.NONE)
+    if waitevents.NONE in p.wait_hist:
+        p.wait_hist[loop] = p.wait_hist.pop(waitevents.NONE)
 
 
 def _model(
