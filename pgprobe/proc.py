@@ -42,12 +42,20 @@ def read_info(pid: int) -> ProcInfo | None:
     )
 
 
+def schedstat(pid: int) -> tuple[int, int, int] | None:
+    """/proc/PID/schedstat: ns on CPU, ns waiting for a CPU, times put on a CPU; None when
+    pid is gone."""
+    try:
+        cpu, runq, runs = (PROC / str(pid) / "schedstat").read_text().split()[:3]
+        return int(cpu), int(runq), int(runs)
+    except (OSError, ValueError):
+        return None
+
+
 def run_count(pid: int) -> int | None:
     """How many times the kernel has put pid on a CPU (/proc/PID/schedstat, field 3)."""
-    try:
-        return int((PROC / str(pid) / "schedstat").read_text().split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = schedstat(pid)
+    return fields[2] if fields else None
 
 
 @dataclass(frozen=True)
@@ -65,14 +73,14 @@ _VOLUNTARY = "\nvoluntary_ctxt_switches:"
 
 def sched_counters(pid: int) -> SchedCounters | None:
     """pid's counters (two files, read schedstat first), or None when it is gone."""
+    fields = schedstat(pid)
     try:
-        cpu, runq, runs = (int(f) for f in (PROC / str(pid) / "schedstat").read_text().split()[:3])
         status = (PROC / str(pid) / "status").read_text()
         start = status.index(_VOLUNTARY) + len(_VOLUNTARY)
         sleeps = int(status[start : status.index("\n", start)])
     except (OSError, ValueError):
         return None
-    return SchedCounters(cpu, runq, runs, sleeps)
+    return SchedCounters(*fields, sleeps) if fields else None
 
 
 def asleep(pid: int) -> bool:

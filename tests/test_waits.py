@@ -121,6 +121,19 @@ def test_records_name_a_sleep_from_before_the_capture_and_clip_at_exit() -> None
     assert by_pid[9].cpu_ns == 1_000 and by_pid[9].wall_ns == 5_000
 
 
+def test_the_postmasters_sleeps_with_no_wait_event_are_its_idle_main_loop() -> None:
+    """Pure rows: the postmaster sets no wait event in its main loop; a backend's sleep
+    with none (kernel I/O) stays a wait."""
+    procs = [records.ProcessTime(1, 10, wait_ns={waitevents.NONE: 10}),
+             records.ProcessTime(2, 10, wait_ns={waitevents.NONE: 4})]  # fmt: skip
+    names = {1: ("postmaster", ""), 2: ("client backend", "")}
+    got = {(r.category, r.wait_event): r.total_ns
+           for r in records.rows(procs, 15, False, names.__getitem__) if r.total_ns}  # fmt: skip
+    assert got == {("idle", "(postmaster main loop)"): 10, ("wait", "(no wait event)"): 4,
+                   ("not accounted", "(not accounted)"): 6}  # fmt: skip
+    assert procs[0].wait_ns == {waitevents.NONE: 10}  # the records are left as they were
+
+
 def test_compiled_closes_an_open_interval_on_the_kernels_counters() -> None:
     """Pure: the interval still open at a read of the compiled object's @task entry, closed
     on /proc's counters as bpf/waits.bpf.c closes one at a switch-out: its growth in CPU

@@ -5,7 +5,7 @@ when a process of ours goes to sleep, or is preempted) and writes waits.bt's out
 at a fraction of its cost per context switch (docs/benchmarks.md). Its @task entries are
 turned into waits.bt's here, the interval still open at a read closed on /proc's counters
 (_closed), so records.py reads either the same way. It is used when scripts/build-bpf has
-built it and this kernel loads it (raw BTF tracepoints and task storage, Linux 5.11+ with
+built it and this kernel loads it (raw BTF tracepoints and task storage, Linux 5.13+ with
 BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line. `--engine bpftrace`
 asks for the script."""
 
@@ -236,8 +236,8 @@ def read(obj: libbpf.BpfObject, info: RunInfo, pids: list[int]) -> Snapshot:
 def _unmoved(pid: int, counters: proc.SchedCounters) -> bool:
     """Whether pid's time on CPU and run count are still those read (asleep, or waiting
     for a CPU, since)."""
-    now = proc.sched_counters(pid)
-    return now is not None and (now.cpu_ns, now.runs) == (counters.cpu_ns, counters.runs)
+    now = proc.schedstat(pid)
+    return now is not None and (now[0], now[2]) == (counters.cpu_ns, counters.runs)
 
 
 def _consistent(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pgprobe import histogram, waitevents
@@ -433,7 +433,7 @@ def rows(procs: Iterable[ProcessTime], major: int, by_pid: bool, describe: Descr
     groups: dict[int | None, list[ProcessTime]] = defaultdict(list)
     for p in procs:
         if waitevents.NONE in p.wait_ns and describe(p.pid)[0] == "postmaster":
-            _main_loop(p)
+            p = _main_loop(p)
         groups[p.pid if by_pid else None].append(p)
     out: list[Row] = []
     for pid, group in sorted(groups.items(), key=lambda kv: kv[0] or 0):
@@ -442,13 +442,15 @@ def rows(procs: Iterable[ProcessTime], major: int, by_pid: bool, describe: Descr
     return out
 
 
-def _main_loop(p: ProcessTime) -> None:
+def _main_loop(p: ProcessTime) -> ProcessTime:
     """The postmaster's sleeps with no wait event are its main loop's: idle, not the
     "(no wait event)" of a backend's kernel I/O (waitevents.POSTMASTER_LOOP)."""
-    loop = waitevents.POSTMASTER_LOOP
-    p.wait_ns[loop] = p.wait_ns.get(loop, 0) + p.wait_ns.pop(waitevents.NONE)
-    if waitevents.NONE in p.wait_hist:
-        p.wait_hist[loop] = p.wait_hist.pop(waitevents.NONE)
+    none, loop = waitevents.NONE, waitevents.POSTMASTER_LOOP
+    wait_ns, wait_hist = dict(p.wait_ns), dict(p.wait_hist)
+    wait_ns[loop] = wait_ns.get(loop, 0) + wait_ns.pop(none)
+    if none in wait_hist:
+        wait_hist[loop] = wait_hist.pop(none)
+    return replace(p, wait_ns=wait_ns, wait_hist=wait_hist)
 
 
 def _model(
