@@ -69,6 +69,11 @@ def name(major: int, wait_event_info: int) -> tuple[str, str]:
     return wait_type, f"event#{event_id}"
 
 
+def shown(wait_event_info: int, postmaster: bool) -> int:
+    """The event a sleep is shown under: the postmaster's with none set is its main loop."""
+    return POSTMASTER_LOOP if postmaster and wait_event_info == NONE else wait_event_info
+
+
 def number(major: int, wait_type: str, wait_event: str) -> int | None:
     """The wait_event_info pg_stat_activity names (wait_type, wait_event), if the table has it."""
     for value, names in table(major)["events"].items():

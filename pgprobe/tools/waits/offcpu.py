@@ -97,8 +97,9 @@ class StackNamer:
             key = (s.pid, s.wei, names)
             merged[key] = merged.get(key, 0) + s.ns
         out = []
+        postmaster = self.targets.cluster.postmaster_pid
         for (pid, wei, names), ns in merged.items():
-            kind, event = waitevents.name(major, wei)
+            kind, event = waitevents.name(major, waitevents.shown(wei, pid == postmaster))
             out.append(OffCpuStack(pid, kind, event, names, ns))
         return sorted(out, key=lambda s: (-s.ns, s.pid, s.frames))
 

@@ -444,8 +444,9 @@ def rows(procs: Iterable[ProcessTime], major: int, by_pid: bool, describe: Descr
 
 def _main_loop(p: ProcessTime) -> ProcessTime:
     """The postmaster's sleeps with no wait event are its main loop's: idle, not the
-    "(no wait event)" of a backend's kernel I/O (waitevents.POSTMASTER_LOOP)."""
-    none, loop = waitevents.NONE, waitevents.POSTMASTER_LOOP
+    "(no wait event)" of a backend's kernel I/O (waitevents.shown; its off-CPU stacks are
+    named the same way)."""
+    none, loop = waitevents.NONE, waitevents.shown(waitevents.NONE, postmaster=True)
     wait_ns, wait_hist = dict(p.wait_ns), dict(p.wait_hist)
     wait_ns[loop] = wait_ns.get(loop, 0) + wait_ns.pop(none)
     if none in wait_hist:
