@@ -74,13 +74,15 @@ _VOLUNTARY = "\nvoluntary_ctxt_switches:"
 def sched_counters(pid: int) -> SchedCounters | None:
     """pid's counters (two files, read schedstat first), or None when it is gone."""
     fields = schedstat(pid)
+    if fields is None:
+        return None
     try:
         status = (PROC / str(pid) / "status").read_text()
         start = status.index(_VOLUNTARY) + len(_VOLUNTARY)
         sleeps = int(status[start : status.index("\n", start)])
     except (OSError, ValueError):
         return None
-    return SchedCounters(*fields, sleeps) if fields else None
+    return SchedCounters(*fields, sleeps)
 
 
 def asleep(pid: int) -> bool:

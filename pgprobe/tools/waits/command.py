@@ -103,14 +103,11 @@ def capture_windows(
     end = CaptureEnd(0)
     previous = None  # the maps are cumulative: each window is the difference of two
     for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
-        # Each window is modelled with what was known at its read: pg_stat_activity's, for
-        # the processes asleep all along (a script's snapshot; the compiled capture seeds
-        # each process with the wait event read from its memory, and needs it only for one
-        # that had no entry).
-        slept_in = records.asleep_before(snapshot)[0]
-        if slept_in is None:
-            slept_in = asleep_all_along(targets, runs_before)
-            records.keep_asleep(snapshot, slept_in, asleep_now)
+        # Each window is modelled with pg_stat_activity's knowledge at its read, for the
+        # processes asleep all along (the compiled capture needs it only for one that had no
+        # entry: it seeds each process with the wait event read from its memory).
+        slept_in = asleep_all_along(targets, runs_before)
+        records.keep_asleep(snapshot, slept_in, asleep_now)
         if untraced_s is not None and previous is None:  # the gap since the last tracer ended
             untraced_s += records.window(snapshot)[0] / 1e9
         emit(ns, snapshot, info, targets, by_pid, where, slept_in, fmt, namer,

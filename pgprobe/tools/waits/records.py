@@ -112,8 +112,7 @@ def asleep_before(
     snapshot: Snapshot,
 ) -> tuple[dict[int, int] | None, dict[int, tuple[int, int]] | None]:
     """(slept_in, asleep_at_start) as keep_asleep() kept them in the snapshot (pgprobe
-    waits from pg_stat_activity, the compiled capture from the processes' memory), for
-    records(); (None, None) when none was kept."""
+    waits, from pg_stat_activity), for records(); (None, None) when none was kept."""
     if "asleep_at_start" not in snapshot.maps:
         return None, None
     slept_in = {int(str(k[0])): v for k, v in snapshot.get("slept_in").items()
