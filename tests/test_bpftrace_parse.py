@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pgprobe.discover import Backend, Cluster, Targets
-from pgprobe.engines.base import Line, Log2Hist, RunInfo, Snapshot, Stats
+from pgprobe.engines.base import Line, Log2Hist, MapSpec, RunInfo, Snapshot, Stats
 from pgprobe.engines.bpftrace import _OutputParser, parse_map, split_key
 from pgprobe.tools import lwlocks
 
@@ -78,6 +78,41 @@ def test_rows_for_a_subset_keep_only_the_target_pids() -> None:
     assert by_pid and {r.pid for r in by_pid} == {some_pid}
     assert {r.application_name for r in by_pid} == {"pgbench"}
     assert sum(r.waits for r in by_pid) == sum(r.waits for r in recs if r.pid == some_pid)
+
+
+def test_the_second_buffer_of_a_windowed_script_reads_as_its_map() -> None:
+    # the same, recorded with two buffers (bpf/lwlock_wait.bt's interval probe): Ctrl-C
+    # after 7 s of pgbench -c 8; the windows alternate between @wait_stats and @wait_stats_b
+    events, _ = parse_file(FIXTURES / "lwlock_wait_by_pid_interval_two_buffers.jsonl")
+    snaps = [e for e in events if isinstance(e, Snapshot)]
+    assert len(snaps) == 4  # three 2-second windows, then what was left at exit
+    for snap in snaps:
+        assert not any(name.endswith("_b") for name in snap.maps)
+        stats, hists = snap.get("wait_stats"), snap.get("wait_ns")
+        assert stats and stats.keys() == hists.keys()
+        assert all(hists[k].count == v.count for k, v in stats.items())  # type: ignore[union-attr]
+
+
+def test_a_map_and_its_twin_in_one_snapshot_are_one_map() -> None:
+    specs = {"@wait_stats": MapSpec("wait_stats", ("str",)),
+             "@wait_max_ns": MapSpec("wait_max_ns", ("str",), combine="max")}  # fmt: skip
+    parser = _OutputParser(specs, RunInfo())
+    for raw in (
+        b'{"type": "time", "data": "10:00:00\n"}',
+        b'{"type": "stats", "data": {"@wait_stats": {"a": {"count": 2, "average": 5, "total": 10},'
+        b' "b": {"count": 1, "average": 4, "total": 4}}}}',
+        b'{"type": "map", "data": {"@wait_max_ns_b": {"a": 9}}}',
+        b'{"type": "stats", "data": {"@wait_stats_b": {"a": {"count": 1, "average": 7, '
+        b'"total": 7}}}}',
+        b'{"type": "map", "data": {"@wait_max_ns": {"a": 6, "b": 4}}}',
+        b'{"type": "map", "data": {"@other_b": {"a": 1}}}',  # no such map: kept as printed
+    ):
+        list(parser.feed(raw))
+    (snap,) = parser.finish()
+    assert isinstance(snap, Snapshot)
+    assert snap.get("wait_stats") == {("a",): Stats(3, 17), ("b",): Stats(1, 4)}
+    assert snap.get("wait_max_ns") == {("a",): 9, ("b",): 4}
+    assert set(snap.maps) == {"wait_stats", "wait_max_ns", "other_b"}
 
 
 @pytest.mark.parametrize(

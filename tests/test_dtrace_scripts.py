@@ -175,7 +175,9 @@ def bpf_twin(script: Script) -> Path:
 
 
 def bpf_printed_maps(path: Path) -> set[str]:
-    return set(re.findall(r"print\(@(\w+)\)", path.read_text()))
+    """The maps a bpftrace script prints; a map's "_b" twin (its second buffer) is that map."""
+    printed = set(re.findall(r"print\(@(\w+)\)", path.read_text()))
+    return {m for m in printed if not (m.endswith("_b") and m[:-2] in printed)}
 
 
 def printa_calls(body: str) -> list[tuple[str, str]]:

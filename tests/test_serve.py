@@ -347,9 +347,13 @@ def test_slru_reads_equal_pg_stat_slru(slru_cluster: SlruCluster) -> None:
         start = scrape(port)[key]
         with pg.connect() as conn:
             before = slru_stats(conn)
-            provoke_xact_reads(conn, slru_cluster.first, slru_cluster.last, rounds=20)
+            # Reads all along several windows: none is lost where one window ends (bpftrace
+            # prints and clears a window's maps later, in its own process).
+            until = time.monotonic() + 3.5
+            while time.monotonic() < until:
+                provoke_xact_reads(conn, slru_cluster.first, slru_cluster.last, rounds=20)
             delta = slru_delta(before, slru_stats(conn))[XACT][1]
-        assert delta > 100
+        assert delta > 1000
         # The window holding the last read ends within a second: then the counter has them all.
         deadline = time.monotonic() + 15
         while (counted := scrape(port)[key] - start) < delta and time.monotonic() < deadline:

@@ -248,6 +248,7 @@ class _OutputParser:
         self.partial_line = ""
         self.live_marker = live_marker
         self.attached = 0  # what attached_probes said, until the live marker confirms it
+        self.twinned: set[str] = set()  # maps of this snapshot whose "_b" twin was printed
 
     def feed(self, raw: bytes) -> Iterator[Event]:
         raw = raw.strip()
@@ -267,6 +268,7 @@ class _OutputParser:
             if self.current is not None:
                 yield self.current
             self.current = Snapshot(label=str(data).strip())
+            self.twinned.clear()
         elif kind == "printf":
             yield from self._lines(str(data))
         elif kind in ("map", "hist", "stats"):
@@ -300,11 +302,29 @@ class _OutputParser:
     def _add_maps(self, kind: str, data: dict[str, Any]) -> None:
         if self.current is None:
             self.current = Snapshot()
-        for name, body in data.items():
+        for printed, body in data.items():
+            name = twin_of(printed, self.specs)
             spec = self.specs.get(name)
             key_kinds = spec.key if spec else None
             combine = spec.combine if spec else "sum"
-            self.current.maps[name.lstrip("@")] = parse_map(kind, body, key_kinds, combine)
+            parsed = parse_map(kind, body, key_kinds, combine)
+            if name != printed or name in self.twinned:
+                # a map and its twin in one snapshot (an answer, the maps left at exit): one map
+                self.twinned.add(name)
+                for key, value in self.current.maps.get(name.lstrip("@"), {}).items():
+                    both = combine_values(value, parsed[key], combine) if key in parsed else value
+                    parsed[key] = both
+            self.current.maps[name.lstrip("@")] = parsed
+
+
+TWIN_SUFFIX = "_b"
+
+
+def twin_of(name: str, specs: dict[str, MapSpec]) -> str:
+    """The map a printed map stands for: itself or, for a "_b" twin (the second buffer
+    of a windowed script: bpf/clog_reads.bt's interval probe), the map it doubles."""
+    base = name.removesuffix(TWIN_SUFFIX)
+    return base if base != name and base in specs and name not in specs else name
 
 
 class _Repeated(list[Any]):

@@ -1,6 +1,7 @@
 """What `pgprobe serve` keeps: running totals of the windows, bounded. No I/O.
 
-Each window's snapshot (maps cleared by the script at every window) is added to
+Each window's snapshot (maps cleared by the script at every window, two buffers
+taking turns: serve/probe.py) is added to
 ``Totals``: counters only grow, as Prometheus counters must, across tracer
 restarts and server restarts. Label sets are bounded by what PostgreSQL has
 (tranche names x 3 modes, 7 SLRUs) and histogram buckets by powers of two, so
