@@ -73,9 +73,6 @@ def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -
     postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
     path = object_path()
     assert path is not None
-    rodata = {"postmaster": postmaster, "wei_addr": address, "only_pid": single,
-              "be_addr": be_address, "state_off": state_offset,
-              "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
     entry = backend_state.StateAddress(be_address, state_offset) if be_address else None
 
     def pids() -> list[int]:
@@ -88,8 +85,16 @@ def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -
         obj.update("scalars", _U32.pack(WINDOW), _U64.pack(window))
         _seed(obj, window, pids(), address, entry)
 
-    return CompiledCapture(path, rodata, lambda obj, info: read(obj, info, pids()), duration,
-                           interval or None, start_window, duty)  # fmt: skip
+    return CompiledCapture(path, rodata(args), lambda obj, info: read(obj, info, pids()),
+                           duration, interval or None, start_window, duty)  # fmt: skip
+
+
+def rodata(args: list[int | Path]) -> dict[str, int]:
+    """The object's globals for waits.bt's parameters $1-$6 (probe.script_args)."""
+    postmaster, address, _interval, single, be_address, state_offset = (int(str(a)) for a in args)
+    return {"postmaster": postmaster, "wei_addr": address, "only_pid": single,
+            "be_addr": be_address, "state_off": state_offset,
+            "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
 
 
 def _empty(obj: libbpf.BpfObject) -> None:
