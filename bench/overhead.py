@@ -39,6 +39,7 @@ the whole run); the CPU time of pgprobe + bpftrace during the window.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -267,6 +268,7 @@ def _events(config: Config, doc: dict[str, Any]) -> float | None:
 FALLBACK_ATTACH_WAIT_S = 8.0
 EARLY_SIGINT = "interrupted before the probes were attached"  # pgprobe's words, exit 130
 ATTACH_SETTLE_S = 1.0
+FINISH_LIMIT_S = 60.0  # then a second Ctrl-C (bench: finish budgets are 1.5-3 s)
 # pgprobe prints phase marks on stderr with this set (pgprobe/timings.py): "<tracer>-spawned"
 # and "<tracer>-attached" are the exact moments; without them the perf-event heuristic.
 TIMINGS_ENV = "PGPROBE_TIMINGS"
@@ -510,7 +512,18 @@ class Tracer:
         # Ctrl-C, and the time until the output is written and the process gone.
         t.sigint = time.time()
         child.send_signal(signal.SIGINT)
+        # A tracer that has not ended a minute after Ctrl-C gets a second one (bpftrace
+        # then quits at once): once, the floor row's bpftrace sat 11 minutes past the first,
+        # and with it the whole time box. Its pair is dropped, said as an error.
+        stuck = threading.Timer(FINISH_LIMIT_S, _interrupt, args=(tracers,))
+        stuck.start()
         done = common.wait_measured(child, t.sigint)
+        stuck.cancel()
+        if done.wall_s > FINISH_LIMIT_S:
+            _wait_gone(tracers)
+            result.ok = False
+            result.error = f"still running {FINISH_LIMIT_S:.0f} s after Ctrl-C: interrupted again"
+            return
         # pgprobe does not await a bpftrace that has answered: it detaches its probes
         # after pgprobe exits (a uprobe in 80-150 ms). The next untraced window starts
         # once it is gone.
@@ -745,6 +758,12 @@ def run_workload(
         )
     result.elapsed_s = time.time() - started
     return result
+
+
+def _interrupt(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
 
 
 def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
