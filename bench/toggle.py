@@ -1,29 +1,33 @@
 """The compiled time model's cost on the server, fine enough to tell 0.98 from 0.985 (issue 14).
 
-    python -m bench.toggle [--workload select|tpcb] [--minutes 10] [--window 2]
+    python -m bench.toggle [--workload select|tpcb] [--minutes 10] [--window 1]
+                           [--no-floor] [--object OTHER.bpf.o ...] [--json FILE]
 
 Why a method of its own. The main bench (bench/overhead.py) starts `pgprobe waits` for
 each traced window of 10 s: with 30 such pairs the interval of the TPS ratio is still
-about ±1.7 % wide on this 2-CPU VM, as wide as the budget's whole margin (an empty
+about ±1.7 % wide on a 2-CPU VM, as wide as the budget's whole margin (an empty
 sched_switch program measured 0.985 [0.968–1.003] that way). bpf/build/waits.bpf.o loads
 once and attaches or detaches in under a millisecond, so its cost can be measured with
-windows of a few seconds, hundreds of them, where the machine's drift cannot follow.
+windows of a second or two, hundreds of them, where the machine's drift cannot follow.
 
 Method. One pgbench load for the whole run, its throughput reported every second
-(bench.overhead.Pgbench: -P 1 --progress-timestamp). Blocks of three windows of
-``--window`` seconds, in a random order per block: nothing attached; an empty program on
-the same tracepoint (bench/sched_empty.bpf.c: the floor, the tracepoint's dispatch to a
-program); the time model, loaded with the parameters `pgprobe waits` gives it for this
-cluster (tools.waits.compiled.rodata). Each window begins and ends at one of pgbench's
-report boundaries, where the programs are swapped. Within a block, a ratio per variant
-against "nothing" (and the time model against the floor); over the blocks, the geometric
-mean and its 95 % interval (bench.stats). What `pgprobe waits` does beside its programs
-(the seed before the attach, the read at the end: once per capture) is not in these
-windows. Then one window each with the kernel's BPF statistics on (they cost two clock
-reads per run, so the TPS windows run without them): fires/s and ns per fire.
+(bench.overhead.Pgbench: -P 1 --progress-timestamp). Blocks of one window of ``--window``
+seconds per variant, back to back, in a random order per block: nothing attached; an
+empty program on the same tracepoint (bench/sched_empty.bpf.c: the floor, the
+tracepoint's dispatch to a program; --no-floor leaves it out); the time model, loaded with
+the parameters `pgprobe waits` gives it for this cluster (tools.waits.compiled.rodata);
+any --object, another build of it. Each window begins and ends at one of pgbench's report
+boundaries, where the programs are swapped (by this thread, at nice -10); a window whose
+swap came more than 10 ms late is left out, and counted. Within a block, a ratio per
+variant against "nothing" (and the time model against the floor); over the blocks, the
+geometric mean and its 95 % interval (bench.stats). What `pgprobe waits` does beside its
+programs (the seed before the attach, the read at the end: once per capture) is not in
+these windows. Then one window each with the kernel's BPF statistics on (they cost two
+clock reads per run, so the TPS windows run without them): fires/s and ns per fire.
 
 Meaningful on a quiet machine only. Needs root, clang (scripts/build-bpf) and the object
-built by scripts/setup.
+built by scripts/setup. Results and what they say: docs/benchmarks.md ("waits compiled:
+its TPS cost to half a percent").
 """
 
 from __future__ import annotations
@@ -270,7 +274,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--workload", choices=("select", "tpcb"), default="select")
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--window", type=int, default=2, help="seconds per window (default 2)")
+    parser.add_argument("--window", type=int, default=1, help="seconds per window (default 1)")
     parser.add_argument("--scale", type=int, default=10, help="pgbench scale (default 10)")
     parser.add_argument("--seed", type=int, default=None, help="the blocks' order (random)")
     parser.add_argument("--json", type=Path, help="also write the result here")
