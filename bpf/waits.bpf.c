@@ -23,7 +23,9 @@
  * time is not charged, and pgprobe says so. pgprobe reads the maps itself and charges
  * the interval still open at the read from /proc/PID/schedstat the same way
  * (pgprobe/tools/waits/compiled.py), and writes each process's counters into its entry
- * before the probes attach (the seed).
+ * right after the probes attach (the seed), where this program made none yet: a process
+ * that went to sleep before its seed was written takes its counters at the window's start
+ * from @start, written before the attach.
  *
  * Attach points: raw BTF tracepoints (tp_btf/sched_switch, ...): the program gets the
  * kernel's own arguments, with no perf record filled for it (the classic tracepoints'
@@ -106,8 +108,10 @@ const volatile __u64 local_wei = 0;
  * share a meaning):
  *   STARTED: not asleep (forked then; the time to its first sleep is the counters');
  *   ASLEEP: its switch-out into a sleep in wait event `a`, seen by this program;
- *   SEEDED_ASLEEP, SEEDED_RUNNING: pgprobe's seed before the probes attached: asleep in
- *   `a` (BEFORE_CAPTURE when it could not be read) with no run since, or not asleep.
+ *   SEEDED_ASLEEP, SEEDED_RUNNING: pgprobe's seed, made right after the attach where
+ *   this program made no entry yet, as of the window's start (or, after a sleep begun
+ *   unseen before the attach, of its read): asleep in `a` (BEFORE_CAPTURE when it
+ *   could not be read) with no run since, or not asleep.
  */
 enum { STARTED = 1, ASLEEP = 4, SEEDED_ASLEEP = 10, SEEDED_RUNNING = 11 };
 
@@ -158,6 +162,22 @@ HASH(wait_hist, struct hist_key, __u64);	/* (tid, wei, log2 slot) -> sleeps */
 HASH(born_ns, __u32, __u64);
 HASH(exit_ns, __u32, __u64);
 HASH(unseen, struct tid_u32, __u64);	/* (kind 3: switch-outs not seen, tid) */
+
+/*
+ * @start: each process's counters at the window's start and whether it was asleep
+ * then (SEEDED_ASLEEP, the event not read, or SEEDED_RUNNING), written by pgprobe before
+ * the attach; read only at a process's first switch-out, when it has no entry yet.
+ */
+struct start_state {
+	__u64 cpu0, rd0, nv0, state;
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_TASKS);
+	__type(key, __u32);
+	__type(value, struct start_state);
+} start SEC(".maps");
 
 /*
  * [0] window_ns: when the capture began (pgprobe writes it before the seed);
@@ -307,7 +327,7 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 	if (t->state == SEEDED_ASLEEP || t->state == SEEDED_RUNNING) {
 		/*
 		 * Its first sleep seen since the seed. Slept in `a` if asleep then and no other
-		 * sleep began since (before the probes attached); else unknown, begun before.
+		 * sleep began since (one this program missed); else unknown, begun before.
 		 */
 		if (sleeps != 1 || t->state == SEEDED_RUNNING) {
 			if (sleeps == 1)
@@ -382,11 +402,23 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (t) {
 		close_interval(t, tid, now, cpu, rd, nv, one_run(t, prev));
 	} else {
-		/* not seeded, not forked in the capture: counted from here (zeroed) */
+		/* not seeded yet, not forked in the capture: from @start, else from here */
 		t = bpf_task_storage_get(&task, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (!t) {
 			refused();
 			return 0;
+		}
+		struct start_state *s = bpf_map_lookup_elem(&start, &tid);
+		__u32 w = WINDOW_NS;
+		__u64 *window = bpf_map_lookup_elem(&scalars, &w);
+		if (s && window && *window && *window < now) {
+			t->since = *window;
+			t->state = s->state;
+			t->a = BEFORE_CAPTURE;
+			t->cpu0 = s->cpu0;
+			t->rd0 = s->rd0;
+			t->nv0 = s->nv0;
+			close_interval(t, tid, now, cpu, rd, nv, 0);
 		}
 	}
 	if (prev->exit_state & EXIT_ZOMBIE_OR_DEAD) {

@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from pgprobe import waitevents
+from pgprobe.discover import Cluster, Targets
 from pgprobe.engines.base import Snapshot
+from pgprobe.tools.lwlocks.records import rows as lwlocks_rows
 from pgprobe.tools.lwlocks.records import sleep_records
+from pgprobe.tools.lwlocks.view import cells as lwlocks_cells
 from pgprobe.tools.waits import records
 
 CLIENT_READ = 0x06000000
@@ -65,6 +68,19 @@ def test_lwlocks_sleeps_include_the_running_total() -> None:
                      {(7, WAL_INSERT): 700})  # fmt: skip
     (rec,) = sleep_records(later, 15, clipped=True, previous=snap)
     assert rec.total_ns == 4_000
+
+
+def test_a_window_with_sleep_time_and_no_sleep_ended_has_no_average() -> None:
+    """--interval: a sleep in WALInsert across the window's edges charges its time to the
+    window and ends in a later one: the row has time and 0 sleeps, and no average."""
+    snap = snapshot(10_000, (9_000, records.ON_CPU, 0, 0, 0, 0, 0, WAL_INSERT, 5_000), {})
+    later = snapshot(20_000, (19_000, records.ON_CPU, 0, 0, 0, 0, 0, WAL_INSERT, 9_000), {})
+    recs = sleep_records(later, 15, clipped=True, previous=snap)
+    targets = Targets(Cluster(1, "/bin/postgres", 150018, "15.18", None), [], True)
+    (row,) = lwlocks_rows(recs, targets, by_pid=False)
+    data = row.as_json()
+    assert (data["waits"], data["total_us"], data["avg_us"]) == (0, 4.0, None)
+    assert lwlocks_cells(row)["avg_us"] == "-"
 
 
 def test_lost_warning_names_only_what_was_lost() -> None:

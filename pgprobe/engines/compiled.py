@@ -11,7 +11,9 @@ With a duty cycle (pgprobe serve's time model) the programs run for only that fr
 each interval, at a random moment in it (a fixed phase could keep meeting, or keep missing,
 a periodic job): attached, read, detached, every interval. The object is loaded once (the
 verifier's ~80 ms of CPU would cost more than the programs save); on_attach runs before
-each attach and must make the maps a fresh capture's, so each snapshot is the on-part's own.
+each attach and must make the maps a fresh capture's, so each snapshot is the on-part's own;
+after_attach right after it (entries the programs would not make: seen from the attach on,
+none of its events is missed meanwhile).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class CompiledCapture:
         interval: float | None = None,
         on_attach: Callable[[libbpf.BpfObject], None] | None = None,
         duty: float = 1.0,
+        after_attach: Callable[[libbpf.BpfObject], None] | None = None,
     ) -> None:
         self.path = path
         self.rodata = rodata
@@ -50,6 +53,7 @@ class CompiledCapture:
         self.duration = duration
         self.interval = interval or None
         self.on_attach = on_attach  # runs after load, before attach (e.g. the window start)
+        self.after_attach = after_attach  # runs right after each attach
         # The fraction of each interval the programs run (1: all the time); needs an interval.
         self.duty = duty if self.interval else 1.0
         self.on_tick: TickCallback | None = None
@@ -112,6 +116,8 @@ class CompiledCapture:
             obj.attach()
         except libbpf.LibbpfError as e:
             raise PgprobeError(str(e), EXIT_TRACER) from None
+        if self.after_attach is not None:
+            self.after_attach(obj)
 
     def _duty_cycle(self) -> Iterator[Event]:
         """Every interval: attached for duty x interval at a random offset, then one snapshot

@@ -51,6 +51,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
 }  # fmt: skip
 _LIBBPF_DEBUG = 2  # enum libbpf_print_level: WARN 0, INFO 1, DEBUG 2 (dropped, as libbpf's default)
 _PERCPU_MAPS = {5, 6, 10, 21}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
+_BPF_NOEXIST = 1  # bpf_map_update_elem flag: create only
 # sizeof(va_list) where va_copy is a plain struct copy (and va_list arrives as a pointer).
 _VA_LIST_SIZE = {"x86_64": 24, "aarch64": 32}.get(platform.machine())
 
@@ -299,23 +300,30 @@ class BpfObject:
             raise LibbpfError(f"cannot read map {name} of {self.path.name}: {os.strerror(-err)}")
         return value.raw
 
-    def update(self, name: str, key: bytes, value: bytes) -> None:
-        """Set one entry (BPF_ANY: create or replace); sizes must be the map's."""
+    def update(self, name: str, key: bytes, value: bytes, only_new: bool = False) -> bool:
+        """Set one entry (BPF_ANY: create or replace); sizes must be the map's. only_new
+        (BPF_NOEXIST): create it only, False when the key has an entry already (kept)."""
         fd, key_size, value_size, _ = self._map(name)
         if (len(key), len(value)) != (key_size, value_size):
             raise LibbpfError(f"map {name} takes {key_size}-byte keys, {value_size}-byte values")
-        err = _lib().bpf_map_update_elem(fd, key, value, 0)
+        err = _lib().bpf_map_update_elem(fd, key, value, _BPF_NOEXIST if only_new else 0)
+        if only_new and err == -errno.EEXIST:
+            return False
         if err < 0:
             raise LibbpfError(f"cannot update map {name} of {self.path.name}: {os.strerror(-err)}")
+        return True
+
+    def delete(self, name: str, key: bytes) -> None:
+        """Delete one entry, if there is one."""
+        err = _lib().bpf_map_delete_elem(self._map(name)[0], key)
+        if err < 0 and err != -errno.ENOENT:
+            raise LibbpfError(f"cannot delete from map {name} of {self.path.name}: "
+                              f"{os.strerror(-err)}")  # fmt: skip
 
     def clear(self, name: str) -> None:
         """Delete every entry of a hash map (detached: nothing adds any meanwhile)."""
-        fd = self._map(name)[0]
         for key, _ in self.items(name):
-            err = _lib().bpf_map_delete_elem(fd, key)
-            if err < 0 and err != -errno.ENOENT:
-                why = os.strerror(-err)
-                raise LibbpfError(f"cannot clear map {name} of {self.path.name}: {why}")
+            self.delete(name, key)
 
     def program_fds(self) -> list[int]:
         """Each program's fd (its /proc/self/fdinfo has run_time_ns, recursion_misses...)."""

@@ -11,7 +11,9 @@ waits`' capture (bpf/waits.bt, PostgreSQL 14+): the LWLock-class entries of its
 per-(pid, wait_event_info) sleeps, in the same rows. Those are sleeps (switch-out to
 wakeup), not waits: a wait also spins and queues before it sleeps and runs again after
 its wakeup, so the sleep time is a bit lower; the mode is unknown. The title and
-meta.source say which one was measured.
+meta.source say which one was measured. There, waits are the sleeps that ended in the
+window and the total is the sleep time within it: with --interval, a sleep across a
+window's edges can give a row time and no sleep, whose avg_us is null.
 
 probe.py (script, maps, parameters, the source, `start`), records.py (records, rows),
 view.py (the table), command.py (the CLI). Triage and serve use `check_server`,

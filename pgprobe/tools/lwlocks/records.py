@@ -73,7 +73,7 @@ class WaitRow:
             mode=self.mode,
             waits=self.waits,
             total_us=round(self.total_ns / 1000, 3),
-            avg_us=round(self.total_ns / self.waits / 1000, 3) if self.waits else 0.0,
+            avg_us=round(self.total_ns / self.waits / 1000, 3) if self.waits else None,
             p50_us=round(self.percentile_us(0.50), 3),
             p95_us=round(self.percentile_us(0.95), 3),
             p99_us=round(self.percentile_us(0.99), 3),

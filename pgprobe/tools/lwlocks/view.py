@@ -34,7 +34,7 @@ def cells(row: WaitRow) -> dict[str, str]:
         "mode": row.mode,
         "waits": f"{row.waits:,}",
         "total_ms": f"{row.total_ns / 1e6:,.3f}",
-        "avg_us": f"{data['avg_us']:,.1f}",
+        "avg_us": "-" if data["avg_us"] is None else f"{data['avg_us']:,.1f}",
         "p50_us": f"{data['p50_us']:,.1f}",
         "p95_us": f"{data['p95_us']:,.1f}",
         "p99_us": f"{data['p99_us']:,.1f}",

@@ -12,9 +12,12 @@ asks for the script."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import struct
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from pgprobe import engines, proc, waitevents
@@ -37,6 +40,7 @@ _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
 _PAIR = struct.Struct("<II")
+_START = struct.Struct("<4Q")  # @start: cpu0, rd0, nv0, state
 _HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
 # since, state, a, rd_p, then waits.bt's running totals (cpu, runq2, runq3, wei, wait), the
 # kernel's counters at `since` (cpu0, rd0, nv0), the two cached pointers, then the log2
@@ -69,24 +73,30 @@ def why_not(ns: argparse.Namespace) -> str | None:
 def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -> CompiledCapture:
     """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals; with a duty
     below 1 (and an interval), each interval's snapshot is a capture of its own (engines.
-    compiled): the maps are emptied and the processes seeded again before each attach."""
+    compiled): the maps are emptied and the processes seeded again at each attach."""
     postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
     path = object_path()
     assert path is not None
     entry = backend_state.StateAddress(be_address, state_offset) if be_address else None
+    start = Start(0, {})
 
     def pids() -> list[int]:
         return [single] if single else [postmaster, *proc.children(postmaster)]
 
     def start_window(obj: libbpf.BpfObject) -> None:
-        _empty(obj)
+        targets = pids()
+        _empty(obj, targets)
         # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
-        window = time.monotonic_ns()
-        obj.update("scalars", _U32.pack(WINDOW), _U64.pack(window))
-        _seed(obj, window, pids(), address, entry)
+        start.window = time.monotonic_ns()
+        obj.update("scalars", _U32.pack(WINDOW), _U64.pack(start.window))
+        start.counters = {pid: c for pid in targets if (c := proc.sched_counters(pid))}
+        for pid, c in start.counters.items():  # for a switch-out before the seed
+            state = SEEDED_ASLEEP if proc.asleep(pid) else SEEDED_RUNNING
+            obj.update("start", _U32.pack(pid), _START.pack(c.cpu_ns, c.runq_ns, c.sleeps, state))
 
     return CompiledCapture(path, rodata(args), lambda obj, info: read(obj, info, pids()),
-                           duration, interval or None, start_window, duty)  # fmt: skip
+                           duration, interval or None, start_window, duty,
+                           lambda obj: _seed(obj, start, address, entry))  # fmt: skip
 
 
 def rodata(args: list[int | Path]) -> dict[str, int]:
@@ -97,11 +107,23 @@ def rodata(args: list[int | Path]) -> dict[str, int]:
             "local_wei": _pointer_at(postmaster, address)}  # fmt: skip
 
 
-def _empty(obj: libbpf.BpfObject) -> None:
-    """A fresh capture's maps in an object that ran before (detached): no totals. @task is
-    the seed's to reset, process by process (a task storage map cannot be walked)."""
-    for name in (*_BY_TID, *_BY_PAIR, "wait_hist"):
+def _empty(obj: libbpf.BpfObject, pids: list[int]) -> None:
+    """A fresh capture's maps in an object that ran before (detached): no totals, and no
+    @task entry left to these processes (a task storage map cannot be walked: by pidfd)."""
+    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start"):
         obj.clear(name)
+    for pid in pids:
+        with contextlib.suppress(OSError), _pidfd(pid) as pidfd:
+            obj.delete("task", _I32.pack(pidfd))
+
+
+@contextlib.contextmanager
+def _pidfd(pid: int) -> Iterator[int]:
+    pidfd = os.pidfd_open(pid)
+    try:
+        yield pidfd
+    finally:
+        os.close(pidfd)
 
 
 def _pointer_at(pid: int, address: int) -> int:
@@ -114,23 +136,34 @@ def _pointer_at(pid: int, address: int) -> int:
         return 0
 
 
+@dataclass
+class Start:
+    """A window's start: its clock (monotonic ns) and each process's kernel counters (/proc)
+    read right after it, before the attach."""
+
+    window: int
+    counters: dict[int, proc.SchedCounters]
+
+
 def _seed(
     obj: libbpf.BpfObject,
-    window: int,
-    pids: list[int],
+    start: Start,
     wei_address: int,
     entry: backend_state.StateAddress | None,
 ) -> None:
-    """Each process's kernel counters (/proc) in its @task entry as of the window's start,
-    before the probes attach: the object splits the time from there to its first sleep
-    seen on them (waits.bpf.c). The counters are read first, all of them, right after the
-    window began (a process that ran meanwhile has those microseconds not accounted). A
-    process asleep throughout (asleep, and not run from that read to a second one) slept
+    """Each process's @task entry as of the window's start, made right after the attach:
+    the object splits the time from there to its first sleep seen (waits.bpf.c). Made
+    only where the object has none: a process switched out since the attach has its own,
+    from its counters in @start (its sleep then, if any, not named). A process
+    asleep throughout (asleep, and not run from the window's start to a last read) slept
     in the wait event read from its memory in between, as the probe reads it: the tail of
     that sleep is charged to it; one whose memory cannot be read, to "asleep since before
-    the capture"."""
-    first = {pid: proc.sched_counters(pid) for pid in pids}
-    for pid, counters in first.items():
+    the capture". One that began a sleep between the start and the attach (unseen, in a
+    wait event never read) has that time in "asleep since before the capture", and its
+    entry starts at its counters read here, the sleep under way named from its memory."""
+    for pid, at_start in start.counters.items():
+        read_at = time.monotonic_ns()
+        counters = proc.sched_counters(pid)
         sleeping = proc.asleep(pid)
         try:
             wei = backend_state.read_as_probe(pid, wei_address, entry)
@@ -139,19 +172,27 @@ def _seed(
         last = proc.sched_counters(pid)
         if counters is None or last is None:
             continue  # gone: nothing to seed
-        state = SEEDED_ASLEEP if sleeping and last.runs == counters.runs else SEEDED_RUNNING
-        value = _TASK.pack(window, state, wei, 0, *[0] * 5, counters.cpu_ns, counters.runq_ns,
-                           counters.sleeps, *[0] * (3 + HIST_SLOTS))  # fmt: skip
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            continue
-        try:
-            obj.update("task", _I32.pack(pidfd), value)
-        except libbpf.LibbpfError:
-            pass  # exited meanwhile; or refused: counted from its first sleep seen
-        finally:
-            os.close(pidfd)
+        if counters.sleeps == at_start.sleeps:
+            since, base, totals = start.window, at_start, (0,) * 5
+        else:
+            since, base = read_at, counters
+            totals = _unseen(at_start, counters, read_at - start.window)
+        state = SEEDED_ASLEEP if sleeping and last.runs == base.runs else SEEDED_RUNNING
+        value = _TASK.pack(since, state, wei, 0, *totals, base.cpu_ns, base.runq_ns,
+                           base.sleeps, *[0] * (3 + HIST_SLOTS))  # fmt: skip
+        with contextlib.suppress(OSError, libbpf.LibbpfError), _pidfd(pid) as pidfd:
+            obj.update("task", _I32.pack(pidfd), value, only_new=True)  # refused: exited
+
+
+def _unseen(
+    before: proc.SchedCounters, after: proc.SchedCounters, span: int
+) -> tuple[int, int, int, int, int]:
+    """A seed's running totals (cpu, runq2, runq3, wei, wait) for a span with a sleep that
+    began unseen: on CPU, in a runqueue (woken, most likely), the rest asleep, not named."""
+    on_cpu = min(max(0, after.cpu_ns - before.cpu_ns), span)
+    queued = min(max(0, after.runq_ns - before.runq_ns), span - on_cpu)
+    slept = span - on_cpu - queued
+    return (on_cpu, 0, queued, waitevents.BEFORE_CAPTURE if slept else 0, slept)
 
 
 # One process's @task entry, read with its counters: (entry, when read, counters).
@@ -165,11 +206,7 @@ def _raw_tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[int, RawTask]:
     none left: its totals went to the maps at its last switch-out."""
     out: dict[int, RawTask] = {}
     for pid in pids:
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            continue  # gone
-        try:
+        with contextlib.suppress(OSError), _pidfd(pid) as pidfd:  # OSError: gone
             for _attempt in range(3):
                 entry = obj.lookup("task", _I32.pack(pidfd))
                 when = time.monotonic_ns()
@@ -179,8 +216,6 @@ def _raw_tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[int, RawTask]:
                 out[pid] = (entry, when, counters)
                 if obj.lookup("task", _I32.pack(pidfd)) == entry:
                     break
-        finally:
-            os.close(pidfd)
     return out
 
 
@@ -199,7 +234,7 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     sleeps = counters.sleeps - nv0  # sleeps begun since `since`: none, or the entry is stale
     asleep_in = None
     if state in (SEEDED_ASLEEP, SEEDED_RUNNING) and sleeps:
-        asleep_in = waitevents.BEFORE_CAPTURE  # slept after the seed, before the attach
+        asleep_in = waitevents.BEFORE_CAPTURE  # a sleep since the seed the object missed
     elif state in (SEEDED_ASLEEP, ASLEEP) and not sleeps:
         asleep_in = a
     # else: no sleep under way at `since` (forked, or running at the seed: the clocks'
