@@ -269,7 +269,7 @@ static __always_inline void flush(struct task_state *t, __u32 tid)
 
 /*
  * The wait event the process published: *my_wait_event_info. A read of user memory costs
- * ~190 ns here (bpf_probe_read_user), so the pointers, which a process sets once (to its
+ * 65-190 ns (bpf_probe_read_user; by host, docs/benchmarks.md), so the pointers, which a process sets once (to its
  * PGPROC's field, to its PgBackendStatus), are kept in its state once they hold those:
  * one read per sleep instead of two (four for ClientRead). After a backend released its
  * PGPROC at exit, a sleep still reads that slot (0, "no wait event", unless reused).

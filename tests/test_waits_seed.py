@@ -42,7 +42,7 @@ def test_a_sleep_begun_before_the_attach_is_named_from_the_seed(
         capture = compiled.capture(probe.script_args(targets, where, None), DURATION_S)
         start_window = capture.on_attach
         assert start_window is not None
-        runs: list[int] = []
+        slept_again: list[int] = []
 
         def answer_before_the_attach(obj: libbpf.BpfObject) -> None:
             start_window(obj)
@@ -51,11 +51,11 @@ def test_a_sleep_begun_before_the_attach_is_named_from_the_seed(
             time.sleep(0.01)
             after = proc.sched_counters(pid)
             assert before is not None and after is not None
-            runs.append(after.sleeps - before.sleeps)
+            slept_again.append(after.sleeps - before.sleeps)
 
         capture.on_attach = answer_before_the_attach
         snapshots = [e for e in capture.events() if isinstance(e, Snapshot)]
-    assert runs and runs[0] >= 1, "the backend did not sleep again before the attach"
+    assert slept_again and slept_again[0] >= 1, "the backend did not sleep again before the attach"
     (mine,) = [p for p in records.records(snapshots[-1], [pid], lambda _: True) if p.pid == pid]
     idle = backend_state.with_state(cluster.major, waitevents.CLIENT_READ, "idle")
     named = mine.wait_ns.get(idle, 0) + mine.wait_ns.get(waitevents.CLIENT_READ, 0)

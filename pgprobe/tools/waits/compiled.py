@@ -189,10 +189,16 @@ def _unseen(
 ) -> tuple[int, int, int, int, int]:
     """A seed's running totals (cpu, runq2, runq3, wei, wait) for a span with a sleep that
     began unseen: on CPU, in a runqueue (woken, most likely), the rest asleep, not named."""
-    on_cpu = min(max(0, after.cpu_ns - before.cpu_ns), span)
-    queued = min(max(0, after.runq_ns - before.runq_ns), span - on_cpu)
-    slept = span - on_cpu - queued
+    on_cpu, queued, slept = _split(span, before.cpu_ns, before.runq_ns, after)
     return (on_cpu, 0, queued, waitevents.BEFORE_CAPTURE if slept else 0, slept)
+
+
+def _split(span: int, cpu0: int, rd0: int, counters: proc.SchedCounters) -> tuple[int, int, int]:
+    """A span's time on CPU, in a runqueue and asleep, from the kernel's counters grown
+    since (cpu0, rd0): each part bounded by what the span leaves (the clocks differ)."""
+    on_cpu = min(max(0, counters.cpu_ns - cpu0), span)
+    queued = min(max(0, counters.runq_ns - rd0), span - on_cpu)
+    return on_cpu, queued, span - on_cpu - queued
 
 
 # One process's @task entry, read with its counters: (entry, when read, counters).
@@ -226,11 +232,8 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     the running totals, the rest asleep, an open sleep (state ASLEEP) ending at `now`."""
     entry, when, counters = raw
     since, state, a, rd_p, cpu, runq2, runq3, wei, wait, cpu0, rd0, nv0 = _TASK.unpack(entry)[:12]
-    span = max(0, when - since)
-    on_cpu = min(max(0, counters.cpu_ns - cpu0), span)
-    queued = min(max(0, counters.runq_ns - rd0), span - on_cpu)
+    on_cpu, queued, slept = _split(max(0, when - since), cpu0, rd0, counters)
     woken = min(rd_p - 1 - rd0, queued) if rd_p else queued
-    slept = span - on_cpu - queued
     sleeps = counters.sleeps - nv0  # sleeps begun since `since`: none, or the entry is stale
     asleep_in = None
     if state in (SEEDED_ASLEEP, SEEDED_RUNNING) and sleeps:
