@@ -21,7 +21,7 @@ boundaries, where the programs are swapped (by this thread, at nice -10); a wind
 swap came more than 10 ms late is left out, and counted. Within a block, a ratio per
 variant against "nothing" (and the time model against the floor); over the blocks, the
 geometric mean and its 95 % interval (bench.stats). What `pgprobe waits` does beside its
-programs (the seed before the attach, the read at the end: once per capture) is not in
+programs (the seed at the attach, the read at the end: once per capture) is not in
 these windows. Then one window each with the kernel's BPF statistics on (they cost two
 clock reads per run, so the TPS windows run without them): fires/s and ns per fire.
 
@@ -47,10 +47,11 @@ from typing import Any
 from bench import bpfstats, common, stats
 from bench.configs import SELECT, TPCB
 from bench.overhead import Pgbench
+from pgprobe import discover
 from pgprobe.engines.libbpf import BpfObject
 from pgprobe.sandbox import PgCluster
-from pgprobe.tools.waits import compiled
-from pgprobe.waitevents import address, backend_state
+from pgprobe.tools.waits import compiled, probe
+from pgprobe.waitevents import address
 
 HERE = Path(__file__).resolve().parent
 EMPTY = HERE / "build" / "sched_empty.bpf.o"
@@ -116,14 +117,10 @@ def build_floor() -> None:
 
 def waits_rodata(cluster: PgCluster) -> dict[str, int]:
     """The time model's globals as `pgprobe waits` sets them for the whole cluster."""
-    pm = cluster.postmaster_pid
-    where = address.find(pm, os.readlink(f"/proc/{pm}/exe"))
-    with cluster.connect() as conn:
-        row = conn.execute("SHOW server_version_num").fetchone()
-    state = backend_state.find(where, int(str(row[0] if row else 0)) // 10000)
-    args: list[int | Path] = [pm, where.address, 0, 0, state.address if state else 0,
-                              state.offset if state else 0]  # fmt: skip
-    return compiled.rodata(args)
+    options = discover.ConnOptions(host=str(cluster.root), port=cluster.port, user="postgres")
+    targets = discover.discover(options, discover.Filters())
+    where = address.find(targets.cluster.postmaster_pid, targets.cluster.binary)
+    return compiled.rodata(probe.script_args(targets, where, None))
 
 
 class Switcher:
