@@ -10,8 +10,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from pgprobe import __version__, timings
-from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe import __version__, outfile, timings
+from pgprobe.errors import EXIT_OUTPUT, EXIT_USAGE, PgprobeError
+from pgprobe.literal import literal
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,9 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     timings.mark("imports")
     run: Callable[[argparse.Namespace], int] = ns.run
     try:
-        return run(ns)
+        code = run(ns)
+        sys.stdout.flush()  # a full disk under stdout fails here, said below, not at exit
+        return code
     except PgprobeError as exc:
-        print(f"pgprobe: {exc.message}", file=sys.stderr)
+        # A message can quote a process's title or a name from the server: shown as text.
+        print(literal(f"pgprobe: {exc.message}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         # Ctrl-C after the capture (while unwinding, symbolizing or writing): say it, since
@@ -78,16 +82,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # `pgprobe ... | head`: the reader left; not an error worth a message.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        outfile.silence_stdout()
         return 0
     except Exception as exc:  # a bug: still one line, the traceback on request
+        full = outfile.stdout_failed(exc)  # not a bug: `pgprobe ... > /dev/full`
+        if full:
+            print(f"pgprobe: {full}", file=sys.stderr)
+            return EXIT_OUTPUT
         if os.environ.get("PGPROBE_DEBUG"):
             traceback.print_exc()
         print(
-            f"pgprobe: internal error: {type(exc).__name__}: {exc} "
-            "(set PGPROBE_DEBUG=1 for the traceback, and please report it)",
+            literal(f"pgprobe: internal error: {type(exc).__name__}: {exc} ")
+            + "(set PGPROBE_DEBUG=1 for the traceback, and please report it)",
             file=sys.stderr,
         )
         return 1
     finally:
+        outfile.settle_stdout()  # never "Exception ignored ... OSError" at the exit
         timings.mark("done")

@@ -118,23 +118,27 @@ class Targets:
         return Backend(pid=pid, backend_type=_type_from_title(title))
 
 
+# The query texts (up to track_activity_query_size each, of every backend) only when a
+# tool shows them: on a server in trouble, fetch no more than is shown.
 ACTIVITY_SQL = """
 SELECT pid, coalesce(backend_type, ''), coalesce(datname, ''), coalesce(usename, ''),
        coalesce(application_name, ''), coalesce(state, ''),
-       coalesce(wait_event_type, ''), coalesce(wait_event, ''), coalesce(query, '')
+       coalesce(wait_event_type, ''), coalesce(wait_event, ''), {query}
   FROM pg_stat_activity
  WHERE pid <> pg_backend_pid()
  ORDER BY pid
 """
 
 
-def read_backends(conn: Any) -> list[Backend]:
+def read_backends(conn: Any, query_text: bool = False) -> list[Backend]:
+    """pg_stat_activity's rows (the query texts too when asked)."""
+    sql = ACTIVITY_SQL.format(query="coalesce(query, '')" if query_text else "''")
     with conn.cursor() as cur:
-        cur.execute(ACTIVITY_SQL)
+        cur.execute(sql)
         return [Backend(*row) for row in cur.fetchall()]
 
 
-def from_connection(conn: Any, conninfo: str | None = None) -> Cluster:
+def from_connection(conn: Any, conninfo: str | None = None, query_text: bool = False) -> Cluster:
     """The cluster behind `conn`, located on this machine through our own backend."""
     with conn.cursor() as cur:
         cur.execute(
@@ -155,7 +159,7 @@ def from_connection(conn: Any, conninfo: str | None = None) -> Cluster:
         own_pid=own_pid,
         conninfo=conninfo,
     )
-    cluster.backends = read_backends(conn)
+    cluster.backends = read_backends(conn, query_text)
     return cluster
 
 
@@ -182,7 +186,8 @@ def from_pids(pids: Sequence[int]) -> Cluster:
         )
     postmaster = postmasters.pop()
     binary = _server_binary(postmaster)
-    version_num, version = binary_version(binary)
+    # The file the postmaster runs (its path may name another file by now), read as data.
+    version_num, version = binary_version(f"{proc.PROC}/{postmaster}/exe")
     return Cluster(
         postmaster_pid=postmaster,
         binary=binary,
@@ -260,8 +265,9 @@ def refresh_backends(cluster: Cluster) -> None:
     cluster.backends = sorted(known.values(), key=lambda b: b.pid)
 
 
-def discover(opts: ConnOptions, filters: Filters) -> Targets:
-    """Connect, find the cluster and pick the targets; /proc only when --pid allows it."""
+def discover(opts: ConnOptions, filters: Filters, query_text: bool = False) -> Targets:
+    """Connect, find the cluster and pick the targets; /proc only when --pid allows it.
+    query_text: read the backends' query texts too (only `backends` shows them)."""
     try:
         conn = connect(opts)
     except PgprobeError:
@@ -269,5 +275,5 @@ def discover(opts: ConnOptions, filters: Filters) -> Targets:
             raise
         return select_targets(from_pids(filters.pids), filters)
     with conn:
-        cluster = from_connection(conn, conninfo=opts.conninfo())
+        cluster = from_connection(conn, conninfo=opts.conninfo(), query_text=query_text)
     return select_targets(cluster, filters)

@@ -8,6 +8,7 @@ EXIT_ENV = 3  # this machine cannot trace: not root, no bpftrace, no probes
 EXIT_TARGET = 4  # the PIDs or the server are not what the user said
 EXIT_CONNECT = 5  # cannot reach or log into PostgreSQL
 EXIT_TRACER = 6  # the tracer failed while running
+EXIT_OUTPUT = 7  # a result could not be written: a full disk, a read-only or missing directory
 EXIT_INTERRUPTED = 130  # Ctrl-C before anything was collected (128 + SIGINT, as shells say)
 
 

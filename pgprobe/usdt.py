@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from pgprobe import safefile
 from pgprobe.errors import EXIT_ENV, PgprobeError
 
 PROVIDER = "postgresql"
@@ -25,7 +26,7 @@ def probe_names(binary: str) -> frozenset[tuple[str, str]]:
 
     found: set[tuple[str, str]] = set()
     try:
-        with open(binary, "rb") as f:
+        with safefile.open_regular(binary, follow=True) as f:
             elf = ELFFile(f)
             addr_size = 8 if elf.elfclass == 64 else 4
             section = elf.get_section_by_name(".note.stapsdt")
@@ -78,7 +79,7 @@ def probe_sites(binary: str) -> tuple[Site, ...]:
 
     sites = []
     try:
-        with open(binary, "rb") as f:
+        with safefile.open_regular(binary, follow=True) as f:
             elf = ELFFile(f)
             fmt = "<QQQ" if elf.elfclass == 64 else "<III"
             size = struct.calcsize(fmt)

@@ -112,8 +112,7 @@ def test_connection_refused(tracing: None) -> None:
 def test_auth_failed_does_not_echo_the_password(tracing: None) -> None:
     with PgCluster(name="pgprobe-auth") as pg:
         pg.sql("CREATE ROLE probe LOGIN PASSWORD 'right-secret'")
-        hba = pg.data / "pg_hba.conf"
-        hba.write_text("local all postgres trust\nlocal all all scram-sha-256\n")
+        pg.write_config("pg_hba.conf", "local all postgres trust\nlocal all all scram-sha-256\n")
         pg.sql("SELECT pg_reload_conf()")
         done = run_pgprobe(
             ["lwlocks", "-h", str(pg.root), "-p", str(pg.port), "-U", "probe", "-d", "1"],

@@ -405,7 +405,6 @@ def test_from_output_of_a_capture_round_trips(
         (["flame", "--from", "/nonexistent/cpu.folded"], "cannot read /nonexistent/cpu.folded"),
         (["flame", "--from", "x.folded", "--pid", "1"], "--pid"),
         (["flame", "--folded", "--format", "svg"], "--folded"),
-        (["flame", "--from", "x.folded", "-o", "/nonexistent/dir/out.svg"], "-o"),
     ],
 )
 def test_bad_options_are_one_line(args: list[str], message: str) -> None:

@@ -8,7 +8,7 @@ functions and ``if TYPE_CHECKING:`` blocks too, is an edge to the module it name
 Layers, lowest first (a module may import its own layer and the layers below it):
 
     base      shared helpers that know nothing of the layers above (errors, /proc, stacks
-              and frame names, symbolization)
+              and frame names, symbolization, literal: names shown as text)
     probes    what finds and describes the probe scripts (bpf/, d/) and a binary's probes
     engines   run a tracer and parse its output into records
     tools     what to measure and what comes back: tools/<tool>/probe.py and records.py,
@@ -51,9 +51,13 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.timings", "base"),  # PGPROBE_TIMINGS phase marks, for every layer
     ("pgprobe.priority", "base"),  # PGPROBE_TRACER_NICE, for the tracers and pgprobe itself
     ("pgprobe.stacks", "base"),
+    ("pgprobe.outfile", "base"),  # result files written whole (temp file, rename), for every layer
+    ("pgprobe.safefile", "base"),  # files others can write, read as data with limits
+    ("pgprobe.serverbinary", "base"),  # is a file a PostgreSQL server, which version: as data
     ("pgprobe.symbolize", "base"),
     ("pgprobe.symbolize.*", "base"),
     ("pgprobe.pgversions", "base"),
+    ("pgprobe.literal", "base"),  # names shown as text: every layer prints with it
     ("pgprobe.scripts", "probes"),
     ("pgprobe.usdt", "probes"),
     ("pgprobe.kernelbtf", "probes"),  # task_struct offsets for waits.bt, from the kernel's BTF

@@ -167,10 +167,11 @@ def test_flame_from_a_folded_file_to_pprof_by_extension(tmp_path: Path) -> None:
     assert +flat == {"hash_bytes": 70, "ExecScan": 25, "epoll_wait": 5}
     # Cumulative counts a recursive function once per sample.
     assert cum["ExecScan"] == 95 and cum["main"] == 100 and cum["hash_bytes"] == 70
-    # Refused before anything is done: pprof is binary, never for a terminal.
+    # Refused before anything is done: a directory that is not there (exit 7, an output
+    # that cannot be written).
     tty = run_pgprobe(["flame", "--from", str(tmp_path / "cpu.folded"), "--format", "pprof",
                        "-o", str(tmp_path / "no" / "x.pb.gz")])  # fmt: skip
-    assert tty.returncode == 2 and tty.stderr.count("\n") == 1, tty.stderr
+    assert tty.returncode == 7 and tty.stderr.count("\n") == 1, tty.stderr
 
 
 # -- captures --------------------------------------------------------------------------------

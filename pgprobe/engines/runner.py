@@ -1,10 +1,11 @@
 """Running a tracer process: what bpftrace and dtrace captures share.
 
-Long because the tracer's life is one state machine (~480 lines): start, attach,
+Long because the tracer's life is one state machine (~490 lines): start, attach,
 window, the answer probe's ending with its SIGINT fallback and its end in the
 background (which a long-running agent waits for before it exits), and stop;
 splitting it would spread one sequence of signals over files (the nice values it
-sets while the tracer starts and answers are pgprobe.priority's).
+sets while the tracer starts and answers are pgprobe.priority's; cutting its stdout into
+lines, in linear time whatever their length, is pgprobe.engines.lines').
 
 Start the tracer in its own session (so a terminal's Ctrl-C reaches pgprobe
 only), read its stdout line by line without blocking, start the duration when
@@ -42,7 +43,8 @@ from typing import IO
 from pgprobe import priority, timings
 from pgprobe.engines import sigqueue
 from pgprobe.engines.base import Event, RunInfo, TickCallback
-from pgprobe.errors import EXIT_TRACER, PgprobeError
+from pgprobe.engines.lines import LineSplitter
+from pgprobe.errors import EXIT_OUTPUT, EXIT_TRACER, PgprobeError
 
 STARTUP_TIMEOUT_S = 60.0
 STOP_RESEND_S = 1.0  # seconds between repeated SIGINTs
@@ -223,7 +225,7 @@ class TracerProcess:
         fd = child.stdout.fileno()
         selector = selectors.DefaultSelector()
         selector.register(fd, selectors.EVENT_READ)
-        pending = b""
+        pending = LineSplitter()  # linear whatever a line's length (a map is one line)
         attached_at: float | None = None
         signalled_at: float | None = None
         wait = TICK_S
@@ -232,9 +234,7 @@ class TracerProcess:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
+                for raw in pending.push(chunk):
                     if signalled_at is not None and self._waits_for_answer(raw):
                         yield from feed(raw)
                         self._answered = True
@@ -293,8 +293,9 @@ class TracerProcess:
                 self.on_tick(self.info, remaining)
             # Wake at the end of the duration, not up to a tick after it.
             wait = TICK_S if not remaining else min(TICK_S, max(0.001, remaining - _since(now)))
-        if pending.strip():
-            yield from feed(pending)
+        last = pending.rest()
+        if last.strip():
+            yield from feed(last)
 
     def _waits_for_answer(self, raw: bytes) -> bool:
         """True when raw is the answer's last line (the tracer then ends in the background)."""
@@ -435,12 +436,20 @@ def _recording(
     directory = os.environ.get("PGPROBE_RECORD_DIR")
     if not directory:
         return feed
-    out = open(os.path.join(directory, f"{name}-{pid}.out"), "ab")  # noqa: SIM115
+    path = os.path.join(directory, f"{name}-{pid}.out")
 
     def recorded(raw: bytes) -> Iterable[Event]:
-        out.write(raw + b"\n")
-        out.flush()
+        try:  # said as this file's, not taken for stdout's (cli.main)
+            out.write(raw + b"\n")
+            out.flush()
+        except OSError as exc:
+            raise PgprobeError(f"cannot write {path}: {exc.strerror}", EXIT_OUTPUT) from None
         return feed(raw)
+
+    try:
+        out = open(path, "ab")  # noqa: SIM115
+    except OSError as exc:
+        raise PgprobeError(f"cannot write {path}: {exc.strerror}", EXIT_OUTPUT) from None
 
     return recorded
 

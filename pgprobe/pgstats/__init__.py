@@ -19,6 +19,7 @@ from pgprobe.pgstats.counters import (
     STATEMENTS_TOP,
     Counters,
     deltas,
+    fill_statement_texts,
     read_counters,
     slru_deltas,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "Counters",
     "SlruStats",
     "deltas",
+    "fill_statement_texts",
     "first_line",
     "read_counters",
     "slru_deltas",

@@ -99,23 +99,41 @@ def _statements(cur: Any) -> dict[tuple[Any, ...], dict[str, Any]] | None:
     if not _relation_exists(cur, "pg_stat_statements"):
         return None
     try:
+        # Without the texts (showtext false): counters are read every second during triage,
+        # and the texts of the few statements shown are read once, at the end.
         cur.execute(
-            "SELECT userid, dbid, queryid, query, calls, total_exec_time, rows,"
-            " shared_blks_read FROM pg_stat_statements"
+            "SELECT userid, dbid, queryid, calls, total_exec_time, rows,"
+            " shared_blks_read FROM pg_stat_statements(false)"
         )
     except Exception:  # the view exists but the library is not preloaded
         cur.connection.rollback()
         return None
     return {
         (u, d, q): {
-            "query": text,
+            "queryid": q,
             "calls": int(calls),
             "total_ms": float(total),
             "rows": int(rows),
             "shared_blks_read": int(blks),
         }
-        for u, d, q, text, calls, total, rows, blks in cur.fetchall()
+        for u, d, q, calls, total, rows, blks in cur.fetchall()
     }
+
+
+def fill_statement_texts(conn: Any, rows: list[dict[str, Any]]) -> None:
+    """Each statement row's `query`: pg_stat_statements' text, read for these ids only."""
+    ids = sorted({r["queryid"] for r in rows if r.get("queryid") is not None})
+    texts: dict[int, str] = {}
+    if ids:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT DISTINCT ON (queryid) queryid, query FROM pg_stat_statements"
+                " WHERE queryid = ANY(%s)",
+                (ids,),
+            )
+            texts = {int(q): str(text or "") for q, text in cur.fetchall()}
+    for row in rows:
+        row["query"] = texts.get(row["queryid"], "")
 
 
 def deltas(before: Counters, after: Counters) -> dict[str, Any]:
@@ -176,7 +194,8 @@ def _statement_deltas(
         total = now["total_ms"] - then["total_ms"]
         rows.append(
             {
-                "query": now["query"],
+                "queryid": now["queryid"],
+                "query": "",  # filled for the rows kept (fill_statement_texts)
                 "calls": calls,
                 "total_ms": round(total, 3),
                 "mean_ms": round(total / calls, 3),

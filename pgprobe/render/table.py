@@ -1,4 +1,10 @@
-"""Tables: rich on a terminal, plain aligned text when piped (stable for grep/awk)."""
+"""Tables: rich on a terminal, plain aligned text when piped (stable for grep/awk).
+
+Titles and cells hold names from the server and from binaries (application names, roles,
+queries, function names, paths): both are shown as text (pgprobe.literal), and rich
+gets them as ``rich.text.Text``, so ``[/x]`` or ``[link=...]`` in a name is never markup.
+A cell is one line; a title may be several (its own newlines are kept).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
+
+from pgprobe.literal import literal, literal_lines
 
 
 @dataclass(frozen=True)
@@ -23,37 +31,40 @@ def render(
     file: TextIO | None = None,
 ) -> None:
     out = file or sys.stdout
+    title = literal_lines(title)
     if not rows:
-        print(f"{title}\n{empty}", file=out)
+        print(f"{title}\n{literal(empty)}", file=out)
         return
+    cells = [[literal(r.get(c.key, "")) for c in columns] for r in rows]
     if out.isatty():
-        _render_rich(title, columns, rows)
+        _render_rich(title, columns, cells)
     else:
-        print(plain(title, columns, rows), file=out, flush=True)
+        print(_plain(title, columns, cells), file=out, flush=True)
 
 
-def plain(title: str, columns: Sequence[Column], rows: Sequence[dict[str, str]]) -> str:
-    widths = [max(len(c.header), *(len(r.get(c.key, "")) for r in rows)) for c in columns]
+def _plain(title: str, columns: Sequence[Column], cells: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(c.header), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
 
-    def line(cells: Sequence[str]) -> str:
+    def line(texts: Sequence[str]) -> str:
         parts = [
-            cell.rjust(w) if col.numeric else cell.ljust(w)
-            for cell, w, col in zip(cells, widths, columns, strict=True)
+            text.rjust(w) if col.numeric else text.ljust(w)
+            for text, w, col in zip(texts, widths, columns, strict=True)
         ]
         return "  ".join(parts).rstrip()
 
     body = [line([c.header for c in columns])]
-    body += [line([r.get(c.key, "") for c in columns]) for r in rows]
+    body += [line(row) for row in cells]
     return "\n".join([title, *body])
 
 
-def _render_rich(title: str, columns: Sequence[Column], rows: Sequence[dict[str, str]]) -> None:
+def _render_rich(title: str, columns: Sequence[Column], cells: Sequence[Sequence[str]]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=Text(title, style="table.title"), title_justify="left", header_style="bold")
     for col in columns:
-        table.add_column(col.header, justify="right" if col.numeric else "left")
-    for row in rows:
-        table.add_row(*(row.get(c.key, "") for c in columns))
+        table.add_column(Text(col.header), justify="right" if col.numeric else "left")
+    for row in cells:
+        table.add_row(*(Text(text) for text in row))
     Console().print(table)

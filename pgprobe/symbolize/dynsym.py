@@ -17,6 +17,8 @@ import struct
 
 from elftools.elf.elffile import ELFFile
 
+from pgprobe import safefile
+
 # st_name, st_info, st_other, st_shndx, st_value, st_size (ELF64); ELF32 orders them
 # st_name, st_value, st_size, st_info, st_other, st_shndx.
 _SYM64 = struct.Struct("<IBBHQQ")
@@ -37,16 +39,21 @@ def defined_symbol(path: str, name: str, tables: tuple[str, ...] = (".dynsym",))
 
 @functools.lru_cache(maxsize=64)
 def _lookup(path: str, size: int, mtime_ns: int, name: str, tables: tuple[str, ...]) -> int | None:
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        for table in tables:
-            section = elf.get_section_by_name(table)
-            if section is None or section["sh_type"] not in ("SHT_DYNSYM", "SHT_SYMTAB"):
-                continue
-            strtab = elf.get_section(section["sh_link"])
-            found = _in_table(elf, section.data(), strtab.data(), name.encode())
-            if found is not None:
-                return found
+    # The server's binary may sit where others write (a user's own build): never block.
+    with safefile.open_regular(path, follow=True) as f:
+        return defined_in(ELFFile(f), name, tables)
+
+
+def defined_in(elf: ELFFile, name: str, tables: tuple[str, ...] = (".dynsym",)) -> int | None:
+    """defined_symbol's answer for an ELF file already open."""
+    for table in tables:
+        section = elf.get_section_by_name(table)
+        if section is None or section["sh_type"] not in ("SHT_DYNSYM", "SHT_SYMTAB"):
+            continue
+        strtab = elf.get_section(section["sh_link"])
+        found = _in_table(elf, section.data(), strtab.data(), name.encode())
+        if found is not None:
+            return found
     return None
 
 

@@ -12,9 +12,13 @@ from typing import BinaryIO
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from pgprobe import safefile
 from pgprobe.symbolize.ehframe import eh_frame_functions
 
 DEFAULT_DEBUG_ROOT = "/usr/lib/debug"
+# libLLVM's .symtab with its debug file is ~20 MiB; the largest debug file CRC-checked.
+MAX_SYMBOL_TABLE = 512 * 2**20
+MAX_DEBUG_FILE = 4 * 2**30
 _STT_FUNC = 2
 _STT_GNU_IFUNC = 10
 _BIND_RANK = {1: 0, 2: 1, 0: 2}  # GLOBAL, WEAK, LOCAL: preferred name first
@@ -24,6 +28,8 @@ def _func_symbols(elf: ELFFile, section_name: str) -> list[tuple[int, int, int, 
     """(value, size, binding rank, name) of the defined functions of a symbol table."""
     sec = elf.get_section_by_name(section_name)
     if sec is None or sec["sh_type"] == "SHT_NOBITS" or sec["sh_size"] == 0:
+        return []
+    if sec["sh_size"] > MAX_SYMBOL_TABLE:  # a crafted (sparse) file: not read into memory
         return []
     data = sec.data()
     strtab = elf.get_section(sec["sh_link"]).data()
@@ -75,7 +81,8 @@ def _debuglink(elf: ELFFile) -> tuple[str, int] | None:
 
 def _file_crc(path: str) -> int:
     crc = 0
-    with open(path, "rb") as f:
+    with safefile.open_regular(path, follow=True) as f:
+        safefile.check_size(f, MAX_DEBUG_FILE, path)
         while chunk := f.read(1 << 20):
             crc = zlib.crc32(chunk, crc)
     return crc
@@ -95,6 +102,13 @@ def debuginfod_cached(build_id: str) -> list[str]:
     if os.environ.get("SUDO_USER"):
         roots.append(os.path.expanduser(f"~{os.environ['SUDO_USER']}/.cache/debuginfod_client"))
     return [os.path.join(r, build_id, "debuginfo") for r in roots if r]
+
+
+def _open_debug(path: str, debug_root: str) -> BinaryIO:
+    """A debug file, as untrusted data: a regular file only. Symlinks are followed under
+    the debug root (root's: .build-id/ is made of them), not elsewhere (debuginfod caches
+    are the sudo caller's own)."""
+    return safefile.open_regular(path, follow=path.startswith(debug_root.rstrip("/") + "/"))
 
 
 class ElfImage:
@@ -117,8 +131,9 @@ class ElfImage:
             if syms:
                 self.symbols = "dynsym"
             debug = self._find_debug_file(elf, debug_root)
+            dsyms: list[tuple[int, int, int, str]] = []
             if debug is not None:
-                with open(debug, "rb") as f:
+                with contextlib.suppress(OSError, ELFError), _open_debug(debug, debug_root) as f:
                     dsyms = _func_symbols(ELFFile(f), ".symtab")
                 if dsyms:
                     syms += dsyms
@@ -133,7 +148,7 @@ class ElfImage:
                 debug_root, ".build-id", self.build_id[:2], self.build_id[2:] + ".debug"
             )
             for cand in (by_id, *debuginfod_cached(self.build_id)):
-                if os.path.isfile(cand) and self._build_id_of(cand) == self.build_id:
+                if self._build_id_of(cand, debug_root) == self.build_id:
                     return cand
         link = _debuglink(elf)
         if link is None:
@@ -153,9 +168,9 @@ class ElfImage:
         return None
 
     @staticmethod
-    def _build_id_of(path: str) -> str:
+    def _build_id_of(path: str, debug_root: str) -> str:
         try:
-            with open(path, "rb") as f:
+            with _open_debug(path, debug_root) as f:
                 return _build_id(ELFFile(f))
         except (OSError, ELFError):
             return ""

@@ -77,6 +77,8 @@ class SymbolStats:
     unreadable_pids: set[int] = field(default_factory=set)  # maps could not be read
     fallback_pids: set[int] = field(default_factory=set)  # used the fallback's maps
     unknown_pids: set[int] = field(default_factory=set)  # no maps at all
+    # Files refused as untrusted (pgprobe.safefile): path -> why; their frames are unnamed.
+    skipped_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def resolved(self) -> int:
@@ -98,7 +100,22 @@ class SymbolStats:
                 line += f" ({m.path}: {what}, no debug file; install its debug symbols"
                 line += f", build-id {m.build_id})" if m.build_id else ")"
             out.append(line)
+        skipped = skipped_warning(self.skipped_files)
+        if skipped:
+            out.append(skipped)
         return out
+
+
+def skipped_warning(skipped_files: dict[str, str]) -> str | None:
+    """One line for the files refused as untrusted (path -> why), or None when none was."""
+    if not skipped_files:
+        return None
+    reasons = sorted(set(skipped_files.values()))
+    shown = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
+    return (
+        f"skipped {len(skipped_files)} file(s) that others can write, for frame names: "
+        f"{shown} (their frames are shown unnamed)"
+    )
 
 
 # --------------------------------------------------------------------------

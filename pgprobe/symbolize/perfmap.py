@@ -7,6 +7,11 @@ V8/Node (``--perf-basic-prof``), LuaJIT. PostgreSQL's own LLVM JIT does not:
 ``jit_profiling_support`` writes perf's jitdump files (~/.debug/jit/...), which
 ``perf inject --jit`` reads and pgprobe does not. Executable anonymous memory
 that no map names is shown as ``[jit]``.
+
+Any local user can create /tmp/perf-PID.map for any pid, so a map is read as untrusted
+data (pgprobe.safefile): a regular file only, not through a symlink, owned by the
+process's user or root, at most MAX_BYTES; a map refused is skipped, and `skipped` says
+which and why.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ from __future__ import annotations
 import bisect
 import os
 
+from pgprobe import safefile
 from pgprobe.symbolize.frames import Frame
 
 JIT = "[jit]"
+# A JVM's map of a large application is a few MiB; more is not a perf map worth reading.
+MAX_BYTES = 16 * 2**20
 
 
 class _PerfMap:
@@ -53,14 +61,24 @@ class PerfMaps:
     def __init__(self, tmp: str = "/tmp") -> None:
         self.tmp = tmp
         self._maps: dict[int, _PerfMap | None] = {}
+        self.skipped: dict[str, str] = {}  # path -> why it was not read
 
     def _load(self, pid: int, proc: str) -> _PerfMap | None:
+        owners = safefile.process_owners(pid, proc)
+        seen: set[tuple[int, int]] = set()
         for path in (f"{self.tmp}/perf-{pid}.map", f"{proc}/{pid}/root/tmp/perf-{pid}.map"):
             try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    return _PerfMap(parse_perf_map(f.read()))
+                st = os.lstat(path)  # outside a container both paths are one file: once
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                data = safefile.read_limited(path, MAX_BYTES, owners)
+            except safefile.Untrusted as exc:
+                self.skipped[path] = str(exc)
+                continue
             except OSError:
                 continue
+            return _PerfMap(parse_perf_map(data.decode("utf-8", errors="replace")))
         return None
 
     def frame(self, pid: int, addr: int, region_start: int, proc: str = "/proc") -> Frame:

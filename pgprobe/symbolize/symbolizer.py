@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from elftools.common.exceptions import ELFError
 
+from pgprobe import safefile
 from pgprobe.symbolize.elf import DEFAULT_DEBUG_ROOT, ElfImage
 from pgprobe.symbolize.frames import UNKNOWN, Frame, ModuleStats, SymbolStats
 from pgprobe.symbolize.kernel import KernelSymbols
@@ -163,15 +164,23 @@ class Symbolizer:
         if key in self._images:
             return self._images[key]
         img: ElfImage | None = None
-        for cand, check_inode in self._candidates(m, pid):
+        refused: dict[str, str] = {}
+        for cand, is_path in self._candidates(m, pid):
             try:
-                with open(cand, "rb") as f:
-                    if check_inode and os.fstat(f.fileno()).st_ino != m.inode:
+                # A path may have been replaced since it was mapped (by a FIFO, a link):
+                # read as untrusted data, and only if it is still the mapped file.
+                with safefile.open_regular(cand, follow=not is_path) as f:
+                    if is_path and os.fstat(f.fileno()).st_ino != m.inode:
                         continue
                     img = ElfImage(f, m.path, self.debug_root)
+            except safefile.Untrusted as exc:
+                refused[cand] = str(exc)
+                continue
             except (OSError, ELFError, ValueError, struct.error):
                 continue
             break
+        if img is None:
+            self._stats.skipped_files.update(refused)  # said only where nothing else served
         if img is not None and img.build_id:
             # Two files with one build-id hold the same code: share the
             # richer symbols (a stripped copy gets the unstripped names).
@@ -184,7 +193,8 @@ class Symbolizer:
         return img
 
     def _candidates(self, m: Mapping, pid: int) -> list[tuple[str, bool]]:
-        """Files to read m's ELF from, and whether their inode must match m's.
+        """Files to read m's ELF from, and whether each is a path (whose inode must match
+        m's) rather than /proc's magic link to the mapped file itself.
 
         The path as mapped (only if it is still the same file), the path in
         the process's root (containers), and the mapped file itself through
@@ -328,6 +338,7 @@ class Symbolizer:
             unreadable_pids=set(st.unreadable_pids),
             fallback_pids=set(st.fallback_pids),
             unknown_pids=set(st.unknown_pids),
+            skipped_files={**st.skipped_files, **self._perf_maps.skipped},
         )
 
     def _vdso_image_if_loaded(self) -> ElfImage | None:

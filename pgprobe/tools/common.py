@@ -15,6 +15,7 @@ from pgprobe.discover import Targets
 from pgprobe.engines import bpftrace
 from pgprobe.engines.base import Capture, Line, MapSpec, RunInfo, Snapshot
 from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
+from pgprobe.literal import literal
 
 MAX_DURATION_S = 24 * 3600
 N = TypeVar("N", int, float)
@@ -198,7 +199,7 @@ def snapshots(
                     yield event, running.info
             elif isinstance(event, Line):
                 with countdown.paused():
-                    print(event.text, flush=True)
+                    print(literal(event.text), flush=True)
     if not delivered:
         raise nothing_kept(running.info)
 
@@ -225,9 +226,9 @@ class Countdown:
             from rich.progress import BarColumn, Progress, TextColumn
 
             self.progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),  # text, never markup
                 BarColumn(),
-                TextColumn("{task.fields[left]}"),
+                TextColumn("{task.fields[left]}", markup=False),
                 console=Console(stderr=True),
                 transient=True,
             )
@@ -324,26 +325,23 @@ def title(what: str, meta: dict[str, Any]) -> str:
 
 
 def print_losses(info: RunInfo) -> None:
-    """Every loss is said (on stderr, so piped tables stay clean)."""
+    """Every loss is said (on stderr, so piped tables stay clean); the tracer's own words
+    (warnings, why it ended) can quote names, so they are shown as text."""
     if info.ended_early:
-        print(
-            f"pgprobe: warning: {info.ended_early}: what it printed before is shown, "
-            "marked partial",
-            file=sys.stderr,
-        )
+        warn(f"{info.ended_early}: what it printed before is shown, marked partial")
     if info.lost_events:
-        print(f"pgprobe: warning: {info.lost_events} events lost", file=sys.stderr)
+        warn(f"{info.lost_events} events lost")
     if info.failed_map_updates:
-        print(
-            f"pgprobe: warning: {info.failed_map_updates} updates refused by full BPF maps "
-            "(counts are low)",
-            file=sys.stderr,
-        )
+        warn(f"{info.failed_map_updates} updates refused by full BPF maps (counts are low)")
     if info.missed_runs:
-        print(
-            f"pgprobe: warning: the kernel skipped {info.missed_runs} runs of the probes "
-            "(another BPF program was running on that CPU): those events are lost",
-            file=sys.stderr,
+        warn(
+            f"the kernel skipped {info.missed_runs} runs of the probes "
+            "(another BPF program was running on that CPU): those events are lost"
         )
     for warning in info.warnings:
-        print(f"pgprobe: warning: {warning}", file=sys.stderr)
+        warn(warning)
+
+
+def warn(text: str, kind: str = "warning") -> None:
+    """``pgprobe: warning: TEXT`` on stderr, one line, names in it shown as text."""
+    print(literal(f"pgprobe: {kind}: {text}"), file=sys.stderr, flush=True)

@@ -28,9 +28,9 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Protocol
 
+from pgprobe import outfile
 from pgprobe.discover import Backend, Targets
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.render import pprof
@@ -155,25 +155,9 @@ def wants_pprof(output: str | None) -> bool:
 
 
 def write(path: str | None, profile: pprof.Profile) -> None:
-    """Gzipped profile.proto to path ('-' or None: stdout, never a terminal)."""
+    """Gzipped profile.proto to path ('-' or None: stdout, never a terminal), written
+    whole (pgprobe.outfile); private (0600): its labels name each backend's application."""
     data = pprof.render(profile)
-    if path in (None, "-"):
-        if sys.stdout.isatty():
-            raise PgprobeError("not writing pprof to a terminal: use -o FILE.pb.gz", EXIT_USAGE)
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return
-    try:
-        Path(path).write_bytes(data)
-    except OSError as exc:
-        raise PgprobeError(f"cannot write {path}: {exc.strerror or exc}", EXIT_USAGE) from None
-
-
-def check_writable(path: str) -> None:
-    """Fail before a long capture, not after it."""
-    parent = Path(path).resolve().parent
-    if Path(path).is_dir():
-        raise PgprobeError(f"{path}: is a directory", EXIT_USAGE)
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise PgprobeError(f"{path}: cannot write in {parent}", EXIT_USAGE)
+    if path in (None, "-") and sys.stdout.isatty():
+        raise PgprobeError("not writing pprof to a terminal: use -o FILE.pb.gz", EXIT_USAGE)
+    outfile.write(path, data, private=True)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from pgprobe import timings
 from pgprobe.engines.base import AggValue, Event, Key, RunInfo, Snapshot, TickCallback
-from pgprobe.errors import EXIT_TRACER, PgprobeError
+from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.symbolize import Symbolizer
 from pgprobe.unwind import perfdata
 from pgprobe.unwind.dwarf import Unwinder
@@ -50,6 +50,9 @@ STOP_TIMEOUT_S = 60.0
 START_ATTEMPTS = 3
 BUFFER_SECONDS = 2.0  # of samples perf's ring buffer per CPU holds while perf is not scheduled
 MIN_BUFFER, MAX_BUFFER = 1 << 20, 16 << 20
+DEFAULT_CAP, MIN_CAP = 1 << 30, 1 << 20  # perf data kept at most (data_cap)
+CAP_ENV = "PGPROBE_DWARF_CAP_MIB"
+CAP_REACHED = "size limit reached"  # perf record's line when --max-size stops it
 
 
 @dataclass
@@ -69,6 +72,35 @@ class UnwindCost:
         """perf.data bytes per sample recorded (of any process)."""
         n = self.samples_in_file or self.samples
         return self.file_bytes // n if n else 0
+
+
+def data_cap(directory: str) -> tuple[int, str]:
+    """(bytes, why): how much perf data a capture keeps at most, and why that much.
+
+    perf copies 16 KiB of stack per sample of every process on the machine (-a), into a
+    temporary directory (/tmp: RAM on the many distributions where it is a tmpfs): -d 600
+    on 32 busy CPUs is ~30 GB. 1 GiB is ~64,000 samples (30 s of 20 busy CPUs at 99 Hz;
+    ~10 s of pgprobe's CPU to unwind at 0.15 ms each); a quarter of the free space where
+    the file goes, if less, so a capture never fills the disk (or a tmpfs, whose free
+    space is memory). $PGPROBE_DWARF_CAP_MIB sets another (tests; a host that wants more).
+    """
+    wanted = os.environ.get(CAP_ENV)
+    if wanted:
+        try:
+            mib = float(wanted)
+        except ValueError:
+            mib = 0.0
+        if not 0 < mib < 1 << 30:
+            raise PgprobeError(f"{CAP_ENV}={wanted}: not a size in MiB", EXIT_USAGE)
+        return max(1024, int(mib * (1 << 20))), CAP_ENV
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return DEFAULT_CAP, "the default"
+    quarter = st.f_bavail * st.f_frsize // 4
+    if quarter >= DEFAULT_CAP:
+        return DEFAULT_CAP, "the default"
+    return max(MIN_CAP, quarter), f"a quarter of the free space in {directory}"
 
 
 def perf_version(perf: str) -> str:
@@ -153,6 +185,7 @@ class PerfCapture:
         self.cost = UnwindCost()
         self._stop = False
         self._children_cpu_at_start = 0.0
+        self.cap, self.cap_why = DEFAULT_CAP, "the default"  # set where the file goes
 
     def request_stop(self) -> None:
         self._stop = True
@@ -169,7 +202,7 @@ class PerfCapture:
         return [
             self.perf, "record", "-q", "-N", "-B", *self.event,
             "--call-graph", f"dwarf,{self.stack_bytes}", "--no-data", "--no-bpf-event",
-            "-o", output, *scope, *self._buffer(),
+            "-o", output, *scope, *self._buffer(), f"--max-size={max(1, self.cap // 1024)}K",
         ]  # fmt: skip
 
     def _buffer(self) -> list[str]:
@@ -192,9 +225,10 @@ class PerfCapture:
         return _perf_fds(perf_pid) >= wanted
 
     def events(self) -> Iterator[Event]:
-        workdir = tempfile.mkdtemp(prefix="pgprobe-perf-")
+        workdir = tempfile.mkdtemp(prefix="pgprobe-perf-")  # 0700, a name no one can guess
         try:
             output = os.path.join(workdir, "perf.data")
+            self.cap, self.cap_why = data_cap(workdir)
             for attempt in range(START_ATTEMPTS):
                 # perf record -p fails as a whole when one pid has gone: only live ones,
                 # and again if one went between the check and perf's start.
@@ -267,17 +301,21 @@ class PerfCapture:
             detail = problems[-1] if problems else f"exit status {child.returncode}"
             raise PgprobeError(f"perf record wrote no samples: {detail}", EXIT_TRACER)
         self.info.warnings.extend(f"perf: {ln}" for ln in problems if "Warning" in ln)
+        if any(CAP_REACHED in ln for ln in problems):
+            # perf stops at its first write past the cap: what its buffers held is kept too.
+            self.info.warnings.append(
+                f"stopped collecting DWARF stacks after {self.info.duration_seconds:.1f} s: "
+                f"the cap of {self.cap / (1 << 20):g} MiB of perf data ({self.cap_why}) was "
+                "reached; what was kept is shown"
+            )
         return True
 
     def _snapshot(self, output: str) -> Snapshot:
         t0 = time.process_time()
-        try:
-            data = perfdata.read(output, self.pids if self.system_wide else None)
-        except (OSError, perfdata.PerfDataError) as exc:
-            raise PgprobeError(f"cannot read perf's output: {exc}", EXIT_TRACER) from None
         unwinder = Unwinder(self.symbolizer)
         counts: dict[Key, int] = {}
-        for s in data.samples:
+
+        def count(s: perfdata.Sample) -> None:  # one at a time: the file is never all in memory
             walk = unwinder.unwind(s.pid, s.regs, s.stack)
             key: Key = (s.pid, tuple(s.kernel), walk.addrs) if self.kernel else (s.pid, walk.addrs)
             if self.timed:
@@ -285,13 +323,18 @@ class PerfCapture:
             counts[key] = counts.get(key, 0) + 1
             if walk.stop:
                 self.stops[(s.pid, walk.addrs)] = walk.stop
+
+        try:
+            data = perfdata.read(output, self.pids if self.system_wide else None, count)
+        except (OSError, perfdata.PerfDataError) as exc:
+            raise PgprobeError(f"cannot read perf's output: {exc}", EXIT_TRACER) from None
         # data.lost shows as lost_samples (samples minus the stored ones), not as lost events.
-        self.cost.file_bytes, self.cost.samples = data.file_bytes, len(data.samples)
+        self.cost.file_bytes, self.cost.samples = data.file_bytes, data.kept
         self.cost.samples_in_file, self.cost.lost = data.samples_in_file, data.lost
         self.cost.post_cpu_s = time.process_time() - t0
         timings.mark("perf-unwound")
         maps: dict[str, dict[Key, AggValue]] = {
             "timed_stacks" if self.timed else "kstacks" if self.kernel else "stacks": dict(counts),
-            "samples": {(): len(data.samples) + data.lost},
+            "samples": {(): data.kept + data.lost},
         }
         return Snapshot(label=time.strftime("%H:%M:%S"), final=True, maps=maps)

@@ -22,6 +22,8 @@ import struct
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from pgprobe import safefile
+
 PROLOGUES = (b"\x55\x48\x89\xe5", b"\xf3\x0f\x1e\xfa\x55\x48\x89\xe5")
 ELF64_SYM = struct.Struct("<IBBHQQ")  # st_name, st_info, st_other, st_shndx, st_value, st_size
 STT_FUNC = 2
@@ -35,7 +37,7 @@ def frame_pointer_share(path: str, sample: int = 400) -> float | None:
     None: not x86-64, unreadable, or no exported functions to judge by.
     """
     try:
-        with open(path, "rb") as f:
+        with safefile.open_regular(path, follow=True) as f:
             elf = ELFFile(f)
             if elf["e_machine"] != "EM_X86_64":
                 return None

@@ -7,12 +7,14 @@ PERF_SAMPLE_STACK_USER), perf's tracking event (``dummy``, added with
 ``-a``: it never samples, it carries the FORK records), the PERF_RECORD_FORK
 and PERF_RECORD_EXIT records and the PERF_RECORD_LOST ones.
 
-``read(path, roots)`` keeps only the samples of the processes in roots and
-of their descendants, by the FORK and EXIT records in the file (a system-wide
-capture, ``perf record -a``, holds every process's samples: backends forked
-during the capture are found so, other clusters and the rest of the machine
-are dropped before their stack copies are made into objects). The first pass
-reads only record headers and pids; the second decodes the samples kept.
+``read(path, roots, each)`` hands each sample of the processes in roots and of
+their descendants to ``each``, by the FORK and EXIT records in the file (a
+system-wide capture, ``perf record -a``, holds every process's samples: backends
+forked during the capture are found so, other clusters and the rest of the machine
+are dropped before their stack copies are made into objects). The first pass reads
+only record headers, forks, exits and losses; the second decodes the samples kept,
+one at a time: memory does not grow with the file (a long capture's 16 KiB stack
+copies were all held at once before: 96 MB of heap for a 227 MB file).
 
 The layout is the kernel's (struct perf_event_attr, the PERF_RECORD_SAMPLE
 body in sample_type bit order) and perf's file header
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 MAGIC = b"PERFILE2"
@@ -66,7 +68,7 @@ class Sample:
 
 @dataclass
 class PerfData:
-    samples: list[Sample]
+    kept: int  # samples handed to each: the roots' and their descendants' (or every one)
     lost: int  # samples the kernel dropped (ring buffer full), of every process recorded
     stack_size: int  # bytes of user stack asked for per sample
     file_bytes: int
@@ -78,8 +80,8 @@ PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_DUMMY = 9
 
 
-def read(path: str, roots: Iterable[int] | None = None) -> PerfData:
-    """The samples in path; with roots, only those of roots and their descendants."""
+def read(path: str, roots: Iterable[int] | None, each: Callable[[Sample], None]) -> PerfData:
+    """Each sample in path to each (with roots, only those of roots and their descendants)."""
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         if size < 104:
@@ -87,7 +89,7 @@ def read(path: str, roots: Iterable[int] | None = None) -> PerfData:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             view = memoryview(data).toreadonly()
             try:
-                return _parse(view, size, None if roots is None else frozenset(roots))
+                return _parse(view, size, None if roots is None else frozenset(roots), each)
             finally:
                 view.release()
 
@@ -107,7 +109,9 @@ def _sample_type(data: memoryview, attrs_off: int, attrs_size: int, attr_size: i
     return types.pop()
 
 
-def _parse(data: memoryview, size: int, roots: frozenset[int] | None) -> PerfData:
+def _parse(
+    data: memoryview, size: int, roots: frozenset[int] | None, each: Callable[[Sample], None]
+) -> PerfData:
     if bytes(data[:8]) != MAGIC:
         raise PerfDataError("not a perf.data file (bad magic)")
     _, attr_size, attrs_off, attrs_size, data_off, data_size = struct.unpack_from(
@@ -125,21 +129,18 @@ def _parse(data: memoryview, size: int, roots: frozenset[int] | None) -> PerfDat
     pid_at = 8 * sum(1 for bit in (_IDENTIFIER, _IP) if sample_type & bit)
     has_pid, has_time = bool(sample_type & _TID), bool(sample_type & _TIME)
     time_at = pid_at + 8 * has_pid
-    at: list[tuple[int, int, int, int]] = []  # (offset, pid, time, misc) of each sample
     events: list[tuple[int, int, int, int]] = []  # (time, FORK or EXIT, pid, parent)
-    lost = 0
-    pos, end = data_off, min(data_off + data_size, size)
+    lost = in_file = 0
+    pids: set[int] = set()
+    start, end = data_off, min(data_off + data_size, size)
     unpack = struct.unpack_from
-    # Pass 1: headers, pids, forks and exits only (most samples of a system-wide capture
-    # are dropped).
-    while pos + 8 <= end:
-        rtype, misc, rsize = unpack("<IHH", data, pos)
-        if rsize < 8:
-            raise PerfDataError(f"corrupt record at offset {pos}")
+    # Pass 1: forks, exits and losses only (most samples of a system-wide capture are
+    # dropped: which, the forks and exits say).
+    for pos, rtype, _ in _records(data, start, end):
         if rtype == RECORD_SAMPLE:
-            pid = unpack("<I", data, pos + 8 + pid_at)[0] if has_pid else 0
-            stamp = unpack("<Q", data, pos + 8 + time_at)[0] if has_time else 0
-            at.append((pos + 8, pid, stamp, misc))
+            in_file += 1
+            if roots is None and has_pid:
+                pids.add(unpack("<I", data, pos + 8 + pid_at)[0])
         elif rtype in (RECORD_FORK, RECORD_EXIT):
             pid, ppid, tid, _, stamp = unpack("<IIIIQ", data, pos + 8)
             # a new process (not a thread: pid == ppid), or a process's end (its main
@@ -150,17 +151,32 @@ def _parse(data: memoryview, size: int, roots: frozenset[int] | None) -> PerfDat
                 events.append((stamp, rtype, pid, ppid))
         elif rtype in (RECORD_LOST, RECORD_LOST_SAMPLES):
             lost += unpack("<Q", data, pos + (16 if rtype == RECORD_LOST else 8))[0]
+    lives = None if roots is None else _lives(roots, events)
+    kept = 0
+    # Pass 2: the samples kept, decoded and handed over one at a time.
+    for pos, rtype, misc in _records(data, start, end):
+        if rtype != RECORD_SAMPLE:
+            continue
+        if lives is not None:
+            pid = unpack("<I", data, pos + 8 + pid_at)[0] if has_pid else 0
+            stamp = unpack("<Q", data, pos + 8 + time_at)[0] if has_time else 0
+            if not any(first <= stamp <= last for first, last in lives.get(pid, ())):
+                continue
+        each(_sample(data, pos + 8, sample_type, reg_numbers, misc))
+        kept += 1
+    kept_pids = frozenset(pids) if lives is None else frozenset(lives)
+    return PerfData(kept, lost, stack_size, size, in_file, kept_pids)
+
+
+def _records(data: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(offset, type, misc) of each record between pos and end."""
+    unpack = struct.unpack_from
+    while pos + 8 <= end:
+        rtype, misc, rsize = unpack("<IHH", data, pos)
+        if rsize < 8:
+            raise PerfDataError(f"corrupt record at offset {pos}")
+        yield pos, rtype, misc
         pos += rsize
-    samples: list[Sample] = []
-    if roots is None:
-        for off, _, _, misc in at:
-            samples.append(_sample(data, off, sample_type, reg_numbers, misc))
-        return PerfData(samples, lost, stack_size, size, len(at), frozenset(p for _, p, _, _ in at))
-    lives = _lives(roots, events)
-    for off, pid, stamp, misc in at:
-        if any(start <= stamp <= stop for start, stop in lives.get(pid, ())):
-            samples.append(_sample(data, off, sample_type, reg_numbers, misc))
-    return PerfData(samples, lost, stack_size, size, len(at), frozenset(lives))
 
 
 def _lives(

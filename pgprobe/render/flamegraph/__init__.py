@@ -46,6 +46,10 @@ module_of=None, unit="samples", strip_offsets=True, module_colours=None) -> str`
     Returns speedscope's file format: one "sampled" profile per entry, all sharing one
     frames table; weights are the counts (unit "none"), or seconds when ``hz`` is given.
 
+``folded_file(lines) -> str``
+    pgprobe's folded output: ``stack count`` lines (as ``pgprobe.stacks.format_folded``
+    makes them) as the file's text, control characters in names written as ``\\xNN``.
+
 ``strip_offset(frame, exe_names=EXE_NAMES) -> str`` and ``classify_frame(frame) -> str``
     are described in ``frames``.
 
@@ -68,11 +72,16 @@ offset is in samples, so the link survives a change of width), ``q=<regex>`` the
 Limits: frames under ``minwidth`` are not in the SVG at all, so zooming does not reveal them
 and the search percent counts only drawn frames (as with flamegraph.pl); a ``;`` inside a
 frame name given as a tuple is replaced by ``:``.
+
+Names (frames, title, subtitle, legend) are shown as text: control and bidi characters are
+written as ``\\xNN`` / ``\\uNNNN`` (pgprobe.literal), then XML-escaped, so that any
+name gives a well-formed SVG that reads as it is stored.
 """
 
 from pgprobe.render.flamegraph.folded import (
     FoldedProfile,
     StacksInput,
+    folded_file,
     parse_folded,
     read_folded,
 )
@@ -88,6 +97,7 @@ __all__ = [
     "XPAD",
     "StacksInput",
     "classify_frame",
+    "folded_file",
     "parse_folded",
     "read_folded",
     "render_speedscope",

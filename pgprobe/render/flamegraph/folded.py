@@ -1,4 +1,5 @@
-"""Folded stacks in: the four input dialects the renderer reads, merged into one dict.
+"""Folded stacks in: the four input dialects the renderer reads, merged into one dict; and
+out: ``folded_file``, pgprobe's own folded output, its names shown as text.
 
 Accepted, one stack per line, root first (FlameGraph's "folded" format)::
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
+from pgprobe.literal import literal
 from pgprobe.stacks import strip_offset
 
 Stack = tuple[str, ...]
@@ -272,3 +274,14 @@ def read_folded(text: str, *, strip_offsets: bool = True) -> FoldedProfile:
     skipped = Skipped()
     _parse_lines(text.splitlines(), acc, strip_offsets, False, skipped)
     return FoldedProfile(acc, skipped)
+
+
+def folded_file(lines: Iterable[str]) -> str:
+    """Folded ``stack count`` lines as the text of a file, in the order given.
+
+    A text format that people cat and other tools read (flamegraph.pl, inferno): a control
+    character in a frame name would reach a terminal, a line break would cut its stack in
+    two, and flamegraph.pl would copy it into an invalid SVG. So names are shown as text
+    (pgprobe.literal); ``;`` inside a name is already ``:`` (pgprobe.stacks.fold).
+    """
+    return "".join(literal(line) + "\n" for line in lines)

@@ -15,6 +15,7 @@ from functools import cache
 from importlib import resources
 from itertools import accumulate
 
+from pgprobe.literal import literal
 from pgprobe.render.flamegraph.colours import HIGHLIGHT, ROOT_FILL, frame_color, legend_color
 from pgprobe.render.flamegraph.folded import StacksInput, fold
 from pgprobe.render.flamegraph.frames import MODULE_LABELS, classify_frame
@@ -22,28 +23,18 @@ from pgprobe.render.flamegraph.layout import CHAR_W, FRAME_H, TEXT_PAD, XPAD, fr
 
 _HINT = "Click a frame to zoom in, Ctrl-F to search."
 
-_XML_ESC = str.maketrans(
-    {
-        "&": "&amp;",
-        "<": "&lt;",
-        ">": "&gt;",
-        '"': "&quot;",
-        "'": "&#39;",
-        **{chr(c): "\ufffd" for c in range(32) if chr(c) not in "\t\n\r"},
-        "\ufffe": "\ufffd",
-        "\uffff": "\ufffd",
-    }
-)
+_XML_ESC = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})
+
+
+def _xml(s: str) -> str:
+    """XML-escape text already shown as text (pgprobe.literal)."""
+    return s.translate(_XML_ESC)
 
 
 def _esc(s: str) -> str:
-    """XML-escape text or an attribute value; characters XML 1.0 forbids become U+FFFD."""
-    s = s.translate(_XML_ESC)
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates from a badly decoded input
-        s = s.encode("utf-8", "replace").decode("utf-8")
-    return s
+    """A name as XML text or attribute value: control and bidi characters (which XML 1.0
+    forbids, or which reorder what is read) written visibly as \\xNN / \\uNNNN, then escaped."""
+    return _xml(literal(s))
 
 
 @cache
@@ -144,7 +135,7 @@ def render_svg(
     modules_seen: dict[str, None] = {}
     if total:
         base_y = plot_bottom - FRAME_H  # top edge of the root row
-        cache: dict[str, tuple[str, str]] = {}
+        cache: dict[str, tuple[str, str, str]] = {}  # name -> (shown, escaped, fill)
         rect_h = FRAME_H - 1
         unit_x = _esc(unit)
         text_dy = FRAME_H - 4.5
@@ -160,14 +151,15 @@ def render_svg(
                     mod = classify(name)
                     modules_seen[mod] = None
                     fill = fixed.get(mod) or frame_color(name, mod)
-                ent = cache[name] = (_esc(name), fill)
-            lab = label(name, w)
+                shown = literal(name)  # the label is cut from what is shown
+                ent = cache[name] = (shown, _xml(shown), fill)
+            lab = label(ent[0], w)
             ap(
-                f'<g class="f" data-s="{start}" data-n="{n}" data-d="{depth}"><title>{ent[0]} '
+                f'<g class="f" data-s="{start}" data-n="{n}" data-d="{depth}"><title>{ent[1]} '
                 f"({n:,} {unit_x}, {100 * n / total:.2f}%)</title>"
-                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{rect_h}" fill="{ent[1]}"/>'
+                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{rect_h}" fill="{ent[2]}"/>'
                 f'<text x="{x + TEXT_PAD:.2f}" y="{y + text_dy}">'
-                f"{_esc(lab) if lab else ''}</text></g>\n"
+                f"{_xml(lab) if lab else ''}</text></g>\n"
             )
     else:
         ap(
@@ -186,11 +178,11 @@ def render_svg(
     ap('<g id="legend">\n')
     lx = float(XPAD)
     for mod in mods:
-        text = MODULE_LABELS.get(mod, mod)
+        text = literal(MODULE_LABELS.get(mod, mod))  # measured as it is shown
         ap(
             f'<rect x="{lx:.1f}" y="{legend_y - 10}" width="12" height="12" '
             f'fill="{fixed.get(mod) or legend_color(mod)}" stroke="#666" stroke-width=".5"/>'
-            f'<text x="{lx + 17:.1f}" y="{legend_y}">{_esc(text)}</text>\n'
+            f'<text x="{lx + 17:.1f}" y="{legend_y}">{_xml(text)}</text>\n'
         )
         lx += 17 + len(text) * 6.6 + 24
     ap("</g>\n</svg>\n")

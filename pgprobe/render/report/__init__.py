@@ -39,10 +39,10 @@ zoom, search and the ``#x=..&y=..`` state work as in the standalone SVG and touc
 else. The frame keeps the SVG's aspect ratio and takes the page's width.
 
 Escaping: every string from the document (queries, application names, frame names,
-warnings) goes through ``esc`` (see pgprobe.render.report.templating): HTML-escaped, and
-``://`` written as ``&#58;//`` so that the file holds no literal URL anywhere (the browser
-shows the text unchanged); the flame graph document is escaped once more as the srcdoc
-attribute value.
+warnings) goes through ``esc`` (see pgprobe.render.report.templating): control and bidi
+characters written visibly (pgprobe.literal), HTML-escaped, and ``://`` written as
+``&#58;//`` so that the file holds no literal URL anywhere (the browser shows the text
+unchanged); the flame graph document is escaped once more as the srcdoc attribute value.
 """
 
 from __future__ import annotations

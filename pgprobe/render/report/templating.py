@@ -1,7 +1,10 @@
 """The report's Jinja2 environment: templates and stylesheets shipped as package data.
 
 Escaping: autoescaping is on, and every ``{{ value }}`` goes through ``esc`` (the
-environment's ``finalize``): HTML-escaped, quotes too, and ``://`` written as ``&#58;//`` so
+environment's ``finalize``): control and bidi characters written visibly as ``\\xNN`` /
+``\\uNNNN`` (pgprobe.literal; tab and newline kept: query texts are several lines), so
+that the saved file holds none (they are invalid in HTML, and an ESC is still an ESC when
+someone cats the file), HTML-escaped, quotes too, and ``://`` written as ``&#58;//`` so
 that the file holds no literal URL anywhere (the browser shows the text unchanged). Only
 ``Markup`` passes as it is: what a template or macro rendered (already escaped), pgprobe's
 own stylesheets and the flame graph SVG pgprobe drew. Query texts, application names,
@@ -22,12 +25,15 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from pgprobe.literal import literal_lines
+
 __all__ = ["Markup", "asset", "esc", "render"]
 
 
 def esc(value: Any) -> str:
-    """HTML-escape any value (quotes too), with '://' as '&#58;//': no literal URL survives."""
-    return html.escape(str(value), quote=True).replace("://", "&#58;//")
+    """Any value as HTML text: shown as text (control characters visible), HTML-escaped
+    (quotes too), with '://' as '&#58;//': no literal URL survives."""
+    return html.escape(literal_lines(str(value)), quote=True).replace("://", "&#58;//")
 
 
 def _finalize(value: Any) -> Markup:

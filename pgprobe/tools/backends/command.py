@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    targets = discover.discover(common.conn_options(ns), common.filters(ns))
+    targets = discover.discover(common.conn_options(ns), common.filters(ns), query_text=True)
     chosen = [targets.describe(pid) for pid in targets.pids]
     if ns.json:
         meta = common.meta(targets, RunInfo(), Snapshot(final=True))

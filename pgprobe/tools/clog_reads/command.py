@@ -10,10 +10,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgprobe import outfile
 from pgprobe.discover import Backend, Targets
 from pgprobe.engines import bpftrace, sigqueue
 from pgprobe.engines.base import Line, RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.literal import literal
 from pgprobe.pgstats import SlruStats
 from pgprobe.stacks import fold, write_folded
 from pgprobe.tools import common, pprof_export, profiling
@@ -146,15 +148,14 @@ class Session:
                     print(TRACE_HEADER, flush=True)
                     self.header_printed = True
             elif line.text.strip():
-                print(f"pgprobe: warning: unexpected line from the tracer: {line.text[:120]}",
-                      file=sys.stderr)  # fmt: skip
+                common.warn(f"unexpected line from the tracer: {line.text[:120]}")
             return
         if not self.keep(read.pid):
             return
         if self.ns.json:
             print(json.dumps(read.as_json(self.mono_to_wall_ns)), flush=True)
         else:
-            print(read.text(self.mono_to_wall_ns), flush=True)
+            print(literal(read.text(self.mono_to_wall_ns)), flush=True)
 
     # -- one summary
 
@@ -168,15 +169,9 @@ class Session:
         errors = open_errors(snapshot, self.keep)
         stacks = self.namer.rows(snapshot, self.keep) if self.namer is not None else None
         for row in stacks or ():
-            key = fold(row.frames)
+            key = literal(fold(row.frames))  # a text format: names as text, one stack a line
             self.folded[key] = self.folded.get(key, 0) + row.reads
-        if self.ns.folded and snapshot.final:
-            write_folded(self.ns.folded, self.folded)
         self.all_stacks += stacks or ()
-        if self.ns.pprof and snapshot.final:
-            profile = pprof_export.reads_profile(self.all_stacks, self.targets, self.describe,
-                                                 info.duration_seconds)  # fmt: skip
-            pprof_export.write(self.ns.pprof, profile)
         meta = common.meta(
             self.targets,
             info,
@@ -219,26 +214,37 @@ class Session:
         cost = view.cost_line(fires, meta["duration_s"], UPROBE_FIRE_NS, self.source,
                               self.targets.cluster.binary)  # fmt: skip
         if cost and not self.ns.json:
-            print(cost, file=sys.stderr)
+            print(literal(cost), file=sys.stderr)
         if snapshot.final:
+            self._write_files(info)  # after the tables, which a full disk then cannot lose
             common.print_losses(info)
             if self.stats.unavailable and self.stats.unavailable != self.warned_unavailable:
-                print(f"pgprobe: warning: {self.stats.unavailable}", file=sys.stderr)
+                common.warn(self.stats.unavailable)
             if stacks is not None and self.namer is not None:
                 for line in self.namer.symbolizer.stats.warnings():
-                    print(f"pgprobe: warning: {line}", file=sys.stderr)
+                    common.warn(line)
+
+    def _write_files(self, info: RunInfo) -> None:
+        if self.ns.folded:
+            write_folded(self.ns.folded, self.folded)
+        if self.ns.pprof:
+            profile = pprof_export.reads_profile(self.all_stacks, self.targets, self.describe,
+                                                 info.duration_seconds)  # fmt: skip
+            pprof_export.write(self.ns.pprof, profile)
 
     def _add_dwarf_stacks(self, snapshot: Snapshot) -> None:
         """perf's unwound stacks as the final snapshot's read_stacks (said if perf failed)."""
         assert self.dwarf is not None
         stacks = self.dwarf.finish()
         if stacks is None:
-            print(f"pgprobe: warning: no DWARF stacks: {self.dwarf.error}", file=sys.stderr)
+            common.warn(f"no DWARF stacks: {self.dwarf.error}")
             return
         snapshot.maps["read_stacks"] = stacks.get("read_stacks")
+        for warning in self.dwarf.warnings:
+            common.warn(warning)
         if self.dwarf.lost:
-            print(f"pgprobe: warning: perf lost {self.dwarf.lost:,} read stacks (its buffer "
-                  "was full): the stacks undercount the reads", file=sys.stderr)  # fmt: skip
+            common.warn(f"perf lost {self.dwarf.lost:,} read stacks (its buffer was full): "
+                        "the stacks undercount the reads")  # fmt: skip
         cut = 0
         for key, n in stacks.get("read_stacks").items():
             assert isinstance(key, tuple) and isinstance(n, int)
@@ -246,16 +252,16 @@ class Session:
                 cut += n
         if cut:
             reasons = sorted(set(self.dwarf.stops.values()))[:3]
-            print(f"pgprobe: warning: {cut:,} read stacks stopped early ({'; '.join(reasons)})",
-                  file=sys.stderr)  # fmt: skip
+            common.warn(f"{cut:,} read stacks stopped early ({'; '.join(reasons)})")
 
 
 def run(ns: argparse.Namespace) -> int:
     common.check_interval(ns)
     if ns.folded or ns.pprof:
         ns.stacks = True
-    if ns.pprof:
-        pprof_export.check_writable(ns.pprof)
+    for option, path in (("--folded", ns.folded), ("--pprof", ns.pprof)):
+        if path:
+            outfile.check(path, option)
     if ns.stacks and ns.trace:
         raise PgprobeError("--stacks and --trace cannot be combined: choose one", EXIT_USAGE)
     if ns.trace and ns.source == "uprobe":
@@ -265,7 +271,7 @@ def run(ns: argparse.Namespace) -> int:
     slrus = selected_slrus(ns.slru, targets.cluster.major if targets.cluster.version_num else 99)
     stats = SlruStats.open(targets.cluster)
     if stats.unavailable:
-        print(f"pgprobe: warning: {stats.unavailable}", file=sys.stderr)
+        common.warn(stats.unavailable)
     session = Session(ns, targets, slrus, stats, StackNamer.start(targets) if ns.stacks else None)
     session.warned_unavailable = stats.unavailable
     mode = MODE_TRACE if ns.trace else MODE_STACKS if ns.stacks else MODE_AGGREGATE

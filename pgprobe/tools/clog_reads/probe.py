@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -265,7 +264,7 @@ def choose_source(
         return "uprobe", order
     if getattr(ns, "source", None) == "uprobe":
         raise PgprobeError(f"--source uprobe: {why}", EXIT_USAGE)
-    print(f"pgprobe: note: SLRU reads from system calls: {why}", file=sys.stderr)
+    common.warn(f"SLRU reads from system calls: {why}", "note")
     return "syscalls", None
 
 

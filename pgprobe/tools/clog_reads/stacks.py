@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pgprobe.discover import Backend, Targets
 from pgprobe.engines.base import NamedStack, Snapshot
 from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.symbolize import Frame, Symbolizer, folded_names
-from pgprobe.tools import profiling
+from pgprobe.tools import common, profiling
 from pgprobe.tools.clog_reads.probe import UPROBE_FUNCTION
 from pgprobe.tools.clog_reads.records import StackRow
 from pgprobe.unwind import choose
@@ -155,6 +154,11 @@ class DwarfStacks:
     def stops(self) -> dict[tuple[int, tuple[int, ...]], str]:
         return self.capture.stops if self.capture is not None else {}
 
+    @property
+    def warnings(self) -> list[str]:
+        """perf's: its cap reached (pgprobe.unwind.capture.data_cap), its own warnings."""
+        return self.capture.info.warnings if self.capture is not None else []
+
 
 def unwind_mode(ns: argparse.Namespace, targets: Targets) -> str:
     """fp or dwarf for --stacks with the uprobe.
@@ -169,9 +173,9 @@ def unwind_mode(ns: argparse.Namespace, targets: Targets) -> str:
     if not lacks_frame_pointers(targets.cluster.binary):
         return "fp"
     if choose.perf_binary() is None:
-        print(f"pgprobe: warning: {os.path.basename(targets.cluster.binary)} has no frame "
-              "pointers and perf is not installed (Debian: linux-perf): read stacks stop "
-              "after a frame or two", file=sys.stderr)  # fmt: skip
+        common.warn(f"{os.path.basename(targets.cluster.binary)} has no frame pointers and "
+                    "perf is not installed (Debian: linux-perf): read stacks stop after a "
+                    "frame or two")  # fmt: skip
         return "fp"
     return "dwarf"
 

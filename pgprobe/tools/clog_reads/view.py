@@ -5,11 +5,11 @@ Every function handles an empty capture (a table says why it is empty).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from pgprobe.discover import Targets
+from pgprobe.literal import literal
 from pgprobe.pgstats import SlruStats
 from pgprobe.render import table
 from pgprobe.tools import common
@@ -205,7 +205,7 @@ def print_stacks(stacks: Sequence[StackRow], reads: int, unwind: str = "") -> No
             pids += f", ... ({len(row.pids)} pids)"
         print(f"\n  {row.reads:,} reads ({share:.1f}%), pid {pids}")
         for name in row.frames:
-            print(f"      {name}")
+            print(f"      {literal(name)}")
 
 
 def cost_line(fires: int, seconds: float, fire_ns: float, source: str, binary: str = "") -> str:
@@ -230,8 +230,7 @@ def print_open_errors(errors: Sequence[OpenError]) -> None:
     total = sum(e.count for e in errors)
     shown = ", ".join(f"pid {e.pid} {e.file} ({e.count})" for e in errors[:5])
     more = f", +{len(errors) - 5} more" if len(errors) > 5 else ""
-    print(
-        f"pgprobe: warning: {total} failed opens of SLRU files (counted as blks_read by "
-        f"pg_stat_slru, not as reads here): {shown}{more}",
-        file=sys.stderr,
+    common.warn(
+        f"{total} failed opens of SLRU files (counted as blks_read by "
+        f"pg_stat_slru, not as reads here): {shown}{more}"
     )

@@ -10,7 +10,7 @@ import glob
 from pathlib import Path
 from typing import Any
 
-from pgprobe import discover, proc, usdt
+from pgprobe import discover, localserver, proc, safefile, usdt
 from pgprobe.errors import PgprobeError
 from pgprobe.tools.doctor.records import Check
 from pgprobe.unwind import fpcheck
@@ -51,15 +51,12 @@ def _can_read_all_stats(conn: Any) -> bool:
 
 
 def default_binary() -> str | None:
-    """Without a connection: a running postmaster's binary, else the newest installed."""
-    for entry in sorted(Path("/proc").iterdir(), key=lambda p: p.name):
-        if not entry.name.isdigit():
-            continue
-        info = proc.read_info(int(entry.name))
-        if info and proc.is_postgres(info) and info.exe:
-            parent = proc.read_info(info.ppid)
-            if parent is None or not proc.is_postgres(parent):
-                return info.exe.removesuffix(" (deleted)")
+    """Without a connection: a running postmaster's binary (proved one: a process merely
+    named postgres is not), else the newest installed."""
+    for pid in localserver.running_postmasters():
+        info = proc.read_info(pid)
+        if info is not None and info.exe:
+            return info.exe.removesuffix(" (deleted)")
     installed = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
     return installed[-1] if installed else None
 
@@ -122,7 +119,7 @@ def _symbols_check(binary: str) -> Check:
     from pgprobe.symbolize import ElfImage
 
     try:
-        with open(binary, "rb") as f:
+        with safefile.open_regular(binary, follow=True) as f:
             kind = ElfImage(f, binary, "/usr/lib/debug").symbols
     except OSError as exc:
         return Check("symbols", "warn", f"cannot read {binary}: {exc}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pgprobe.literal import literal
 from pgprobe.render import table
 from pgprobe.tools.doctor.records import Check, verdict
 
@@ -19,4 +20,4 @@ def show(checks: list[Check], blocked: list[str], partial: dict[str, str]) -> No
         for c in checks
     ]
     table.render("pgprobe doctor", COLUMNS, rows)
-    print(verdict(blocked, partial))
+    print(literal(verdict(blocked, partial)))  # its reasons can quote paths and the server

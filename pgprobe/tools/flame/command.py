@@ -165,5 +165,5 @@ def read_profile(source: str, raw: str) -> flamegraph.FoldedProfile:
             EXIT_USAGE,
         )
     if skipped.lines:
-        print(f"pgprobe: warning: {where}: {bad}; left out", file=sys.stderr)
+        common.warn(f"{where}: {bad}; left out")
     return profile

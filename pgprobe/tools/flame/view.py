@@ -37,7 +37,7 @@ def render_profile(ns: argparse.Namespace, fmt: str, profile: profiling.Profile)
         return flamegraph.render_speedscope(profiles, name=ns.title or NAME, hz=profile.hz)
     folded = profile.folded(per_backend=ns.per_backend)
     if fmt == "folded":
-        return "".join(line + "\n" for line in format_folded(folded))
+        return flamegraph.folded_file(format_folded(folded))
     roots = {profile.backend_frame(pid) for pid in profile.pids} if ns.per_backend else set()
     return flamegraph.render_svg(
         folded,
@@ -76,7 +76,7 @@ def render_folded_file(
         return flamegraph.render_svg(profile, title=title, subtitle=subtitle, minwidth=ns.minwidth)
     stacks = profile.stacks()
     if fmt == "folded":
-        return "".join(f"{';'.join(k)} {n}\n" for k, n in _most_first(stacks))
+        return flamegraph.folded_file(f"{';'.join(k)} {n}" for k, n in _most_first(stacks))
     return flamegraph.render_speedscope({title: stacks}, name=title)
 
 

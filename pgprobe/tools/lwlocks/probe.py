@@ -10,7 +10,6 @@ triage and serve call too.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from pgprobe import usdt, waitevents
@@ -56,10 +55,10 @@ def pick_source(ns: argparse.Namespace, targets: Targets) -> str:
         old = bool(cluster.version_num) and cluster.major < min(waitevents.MAJORS)
         wanted = "usdt" if with_probes or old else "sched"
         if wanted == "sched":
-            print(
-                f"pgprobe: note: {cluster.binary} has no LWLock USDT probes: showing LWLock "
-                "sleeps from the scheduler instead (sleeps, not waits; mode unknown)",
-                file=sys.stderr,
+            common.warn(
+                f"{cluster.binary} has no LWLock USDT probes: showing LWLock sleeps from the "
+                "scheduler instead (sleeps, not waits; mode unknown)",
+                "note",
             )
     if wanted == "usdt":
         check_server(targets)
@@ -84,7 +83,7 @@ def check_server(targets: Targets) -> None:
         )
     usdt.require(cluster.binary, PROBES)
     for foreign in usdt.foreign_uprobes(cluster.binary, PROBES):
-        print(f"pgprobe: warning: {foreign.describe()}", file=sys.stderr)
+        common.warn(foreign.describe())
 
 
 def script_args(

@@ -107,6 +107,7 @@ def name_stacks(
             if m in modules and modules[m].path and modules[m].symbols in ("dynsym", "none")
         },  # fmt: skip
         stripped_paths={m: modules[m].path for m in unnamed_in_file if m in modules},
+        skipped_files=symbolizer.stats.skipped_files,
     )
 
 

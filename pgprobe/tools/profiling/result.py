@@ -15,6 +15,7 @@ from pgprobe.engines.base import (
 )
 from pgprobe.stacks import fold
 from pgprobe.symbolize import UNKNOWN, Frame, folded_names
+from pgprobe.symbolize.frames import skipped_warning
 from pgprobe.tools import common
 from pgprobe.tools.profiling.options import UNRESOLVED_WARN_PCT
 
@@ -66,6 +67,8 @@ class Profile:
     # (static functions of stripped files: only their debug symbols name them), and paths.
     stripped_frames: dict[str, int] = field(default_factory=dict)
     stripped_paths: dict[str, str] = field(default_factory=dict)
+    # Files refused as untrusted for names (a perf map that is a FIFO, ...): path -> why.
+    skipped_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def truncated_samples(self) -> int:
@@ -219,6 +222,9 @@ class Profile:
             out.append(stripped_warning(self))
         elif self.server_unresolved_pct >= UNRESOLVED_WARN_PCT:
             out.append(unresolved_warning(self))
+        skipped = skipped_warning(self.skipped_files)
+        if skipped:
+            out.append(skipped)
         return out
 
     def _truncated_pct(self) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -246,6 +245,6 @@ def print_warnings(profile: Profile) -> None:
     """Every loss and the missing-symbols fix, on stderr (stdout stays clean)."""
     common.print_losses(profile.info)
     if "lack" in profile.unwind_reason:  # auto's choice, when frame pointers are missing
-        print(f"pgprobe: stacks: {profile.unwind_reason}", file=sys.stderr)
+        common.warn(profile.unwind_reason, "stacks")
     for line in profile.warnings():
-        print(f"pgprobe: warning: {line}", file=sys.stderr)
+        common.warn(line)

@@ -7,7 +7,9 @@ The tool shape of issue 12, for a tool that never ends:
 - ``metrics.py``: how they are shown: Prometheus metric families (its "view");
 - ``timemodel.py``: one window of waits.bt as pgprobe waits' rows, per process, named;
 - ``agent.py``: the supervision (threads, restarts, the server going away);
-- ``http.py``: the endpoints; ``command.py``: the CLI glue.
+- ``http.py``: the endpoints, on ``httpd.py``'s bounded server (``webconfig.py``: TLS and
+  basic auth); ``fold.py``: unknown wait event codes folded into bounded labels;
+- ``command.py``: the CLI glue.
 """
 
 from pgprobe.tools.serve.command import add_parser, run

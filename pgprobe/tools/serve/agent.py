@@ -34,6 +34,7 @@ from pgprobe import discover
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture, RunInfo, Snapshot
 from pgprobe.errors import PgprobeError
+from pgprobe.literal import literal
 from pgprobe.render import pprof
 from pgprobe.symbolize import Symbolizer
 from pgprobe.tools import common, pprof_export, profiling
@@ -53,7 +54,8 @@ STACK_ID = re.compile(r"failed to look up stack id|bpf helper get_stackid failed
 
 
 def say(message: str) -> None:
-    print(f"pgprobe serve: {message}", file=sys.stderr, flush=True)
+    # Messages quote tracer lines and names from the server: shown as text.
+    print(literal(f"pgprobe serve: {message}"), file=sys.stderr, flush=True)
 
 
 def alive(pid: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 from typing import Any
@@ -13,7 +14,7 @@ from pgprobe import engines
 from pgprobe.engines import runner
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common, profiling
-from pgprobe.tools.serve import http
+from pgprobe.tools.serve import http, webconfig
 from pgprobe.tools.serve.agent import Agent, say
 from pgprobe.tools.serve.metrics import TotalsCollector
 
@@ -33,11 +34,39 @@ TRACER_MALLOC = "glibc.malloc.trim_threshold=0:glibc.malloc.arena_max=1"
 
 
 def listen_value(text: str) -> tuple[str, int]:
+    """ADDR:PORT as Prometheus exporters read it: [::1]:9433 (an IPv6 address in
+    brackets), :9433 or [::]:9433 (every address, IPv4 and IPv6), a name or an IPv4
+    address. The host "" stands for every address."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"not ADDR:PORT: {text!r}")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port)
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not ADDR:PORT: {text!r} (not an IPv6 address in the brackets)"
+            ) from None
+        return host[1:-1], int(port)
+    if not host or host.replace(".", "").replace("-", "").isalnum():
+        return host, int(port)
+    hint = " (an IPv6 address goes in brackets: [::1]:9433)" if ":" in host else ""
+    raise argparse.ArgumentTypeError(f"not ADDR:PORT: {text!r}{hint}")
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host or '[::]'}:{port}"
+
+
+def served(host: str, port: int, web: webconfig.WebConfig | None) -> str:
+    """The URL served, and how it is protected (the bound host: "" is "::" or "0.0.0.0")."""
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    out = f"{scheme}://{address(host, port)}/metrics"
+    if web is not None and web.users is not None:
+        return f"{out} (basic auth)"
+    if web is None and not ipaddress.ip_address(host.split("%")[0]).is_loopback:
+        out += " (to every host that can reach it: see --web-config)"
+    return out
 
 
 window_value = common.bounded(int, 1, MAX_WINDOW_S, unit="seconds")
@@ -59,7 +88,16 @@ def add_parser(sub: Any) -> None:
         type=listen_value,
         default=listen_value(DEFAULT_LISTEN),
         metavar="ADDR:PORT",
-        help=f"where to serve HTTP (default {DEFAULT_LISTEN}: this host only)",
+        help=f"where to serve HTTP (default {DEFAULT_LISTEN}: this host only); [::1]:9433 for "
+        "IPv6; :9433 or [::]:9433 every address, IPv4 and IPv6, as exporters mean it. Nothing "
+        "but --web-config protects it: see it, or put a reverse proxy in front",
+    )
+    parser.add_argument(
+        "--web-config",
+        metavar="FILE",
+        help="TLS and basic auth: a Prometheus exporter-toolkit web config (tls_server_config: "
+        "cert_file, key_file, client_ca_file, client_auth_type; basic_auth_users: bcrypt "
+        "hashes), read once at start; a bad file is refused in one line",
     )
     parser.add_argument(
         "--window",
@@ -102,29 +140,31 @@ def add_parser(sub: Any) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     ns.duration = None  # captures run until stopped
+    # an option's value, so before the checks of the machine (as argparse's errors are)
+    web = webconfig.load(ns.web_config) if ns.web_config else None
     engines.preflight(ns.engine)  # root, bpftrace: said in one line before anything starts
     os.environ.setdefault("GLIBC_TUNABLES", TRACER_MALLOC)  # read by new processes only
     agent = Agent(ns)
+    agent.totals.names.say = say  # the first wait event folded into "other" is said
     registry = CollectorRegistry(auto_describe=True)
 
     def totals() -> tuple[Any, dict[str, Any]]:
-        with agent.lock:
-            # A copy would cost more than holding the lock for one scrape's formatting.
-            return agent.totals, {"server_up": agent.server_up, "window": agent.window}
+        # Under the agent's lock (the collector holds it): a copy would cost more.
+        return agent.totals, {"server_up": agent.server_up, "window": agent.window}
 
-    registry.register(TotalsCollector(totals))
+    registry.register(TotalsCollector(totals, agent.lock))
     # process_resident_memory_bytes, process_cpu_seconds_total ...: the agent's own cost.
     ProcessCollector(registry=registry)
     host, port = ns.listen
     try:
-        server = http.make_server(host, port, registry, agent.pprof_bytes)
+        server = http.make_server(host, port, registry, agent.pprof_bytes, web)
     except OSError as exc:
-        message = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        message = f"cannot listen on {address(host, port)}: {exc.strerror or exc}"
         raise PgprobeError(message, EXIT_USAGE) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: agent.stop())
     http.serve_in_background(server)
-    say(f"serving http://{host}:{server.server_address[1]}/metrics")
+    say(f"serving {served(server.server_address[0], server.server_address[1], web)}")
     try:
         agent.run()
     finally:

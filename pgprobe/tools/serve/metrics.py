@@ -51,6 +51,18 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_capture_last_window_end_timestamp_seconds{source}, ..._last_window_seconds{source}
   pgprobe_server_up, pgprobe_server_restarts_total     the PostgreSQL server, as the agent sees it
   pgprobe_window_seconds                               the configured window
+  pgprobe_wait_events_folded_total                     distinct wait event codes pgprobe has
+                                                       no name for, folded into wait_event (and
+                                                       tranche) "other" (fold.py: past the
+                                                       first 8 per wait_event_type; an unknown
+                                                       class is wait_event_type "other" too)
+  pgprobe_http_connections_dropped_total{reason}       HTTP connections closed before their
+                                                       request was served (httpd.py): cap (too
+                                                       many open), fd_limit (out of file
+                                                       descriptors), read_timeout (no complete
+                                                       request in 5 s), too_large, tls
+  pgprobe_http_accept_pauses_total                     times accepting paused (out of fds)
+  pgprobe_http_unauthorized_requests_total             requests refused with 401 (basic auth)
 
 source is waits, lwlock, slru or cpu (probe.SOURCES). prometheus_client's process_* metrics
 (resident memory, CPU seconds of the agent itself, not of its tracers) come along.
@@ -58,6 +70,7 @@ source is waits, lwlock, slru or cpu (probe.SOURCES). prometheus_client's proces
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -85,12 +98,23 @@ def histogram_buckets(counts: dict[int, int]) -> list[tuple[str, float]]:
 
 
 class TotalsCollector(Collector):
-    """Reads the agent's totals under its lock at every scrape."""
+    """Reads the agent's totals under its lock at every scrape (the families are built
+    under it: the agent's threads add keys meanwhile; the text is formatted after)."""
 
-    def __init__(self, snapshot: Callable[[], tuple[Totals, dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], tuple[Totals, dict[str, Any]]],
+        lock: contextlib.AbstractContextManager[Any] | None = None,
+    ) -> None:
         self.snapshot = snapshot
+        self.lock = lock or contextlib.nullcontext()
 
     def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            families = list(self.families())
+        yield from families
+
+    def families(self) -> Iterator[Metric]:
         totals, extra = self.snapshot()
         yield from time_model_families(totals)
         yield from lwlock_families(totals)
@@ -107,6 +131,11 @@ class TotalsCollector(Collector):
         )
         yield GaugeMetricFamily(
             "pgprobe_window_seconds", "length of one capture window", value=extra.get("window", 0)
+        )
+        yield CounterMetricFamily(
+            "pgprobe_wait_events_folded",
+            'distinct unknown wait event codes folded into wait_event="other"',
+            value=totals.names.count,
         )
 
 

@@ -4,8 +4,9 @@ Each window's snapshot (maps cleared by the script at every window, two buffers
 taking turns: serve/probe.py) is added to
 ``Totals``: counters only grow, as Prometheus counters must, across tracer
 restarts and server restarts. Label sets are bounded by what PostgreSQL has
-(tranche names x 3 modes, 7 SLRUs) and histogram buckets by powers of two, so
-memory does not grow with time or with the number of backends.
+(tranche names x 3 modes, 7 SLRUs; codes it has no name for folded: fold.py) and
+histogram buckets by powers of two, so memory does not grow with time or with the
+number of backends.
 
 Histograms: the kernel's log2 buckets ([2^k, 2^(k+1)-1] ns) map exactly onto
 Prometheus buckets with upper bounds 2^(k+1) ns (``le`` in seconds), from
@@ -22,6 +23,7 @@ from typing import Any
 
 from pgprobe.engines.base import Log2Hist, Snapshot
 from pgprobe.tools import clog_reads, lwlocks
+from pgprobe.tools.serve.fold import Folder
 from pgprobe.tools.waits import records as waits_records
 
 # The time model's categories (pgprobe waits) as the `state` label of a wait event;
@@ -76,6 +78,9 @@ class Totals:
     owed_ns: Counter[tuple[str, ...]] = field(default_factory=Counter)
     sources: dict[str, SourceState] = field(default_factory=dict)
     server_restarts: int = 0
+    # Wait event and tranche label values, unknown codes folded: the label sets stay bounded
+    # whatever a backend publishes (fold.py).
+    names: Folder = field(default_factory=Folder)
 
     def source(self, name: str) -> SourceState:
         return self.sources.setdefault(name, SourceState())
@@ -91,11 +96,12 @@ def add_lwlock_records(totals: Totals, recs: Iterable[lwlocks.WaitRecord]) -> in
     sleeps (lwlocks.sleep_records, mode "unknown"); returns the waits in it."""
     waits = 0
     for rec in recs:
-        key = (rec.tranche, rec.mode)
+        tranche = totals.names.tranche(rec.tranche)
+        key = (tranche, rec.mode)
         grow(totals, totals.lwlock_wait_ns, ("lwlock", *key), key, rec.total_ns)
         totals.lwlock_waits[key] += rec.waits
         waits += rec.waits
-        add_hist(totals.lwlock_hist.setdefault(rec.tranche, Counter()), rec.hist)
+        add_hist(totals.lwlock_hist.setdefault(tranche, Counter()), rec.hist)
     return waits
 
 
@@ -136,7 +142,7 @@ def add_time_model(totals: Totals, rows: Iterable[waits_records.Row]) -> None:
             grow(totals, totals.runqueue_ns, ("runqueue", btype), btype, row.total_ns)
         elif row.category in WAIT_STATE:
             state = row.state or WAIT_STATE[row.category]
-            key = (row.wait_event_type, row.wait_event, btype, state)
+            key = (*totals.names.event(row.wait_event_type, row.wait_event), btype, state)
             grow(totals, totals.wait_ns, key, key, row.total_ns)
             totals.wait_sleeps[key] += row.sleeps
 

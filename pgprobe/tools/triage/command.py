@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pgprobe import outfile
 from pgprobe.discover import Targets
 from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
@@ -51,7 +52,7 @@ def add_parser(sub: Any) -> None:
         "-o",
         "--output",
         metavar="FILE",
-        help="the HTML report (default pgprobe-triage-<time>.html here)",
+        help="the HTML report, 0600 (default pgprobe-triage-<time>.html here; '-': stdout)",
     )
     parser.set_defaults(run=run, kernel=False)
 
@@ -75,10 +76,22 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(doc))
     html = report.render_html(doc, flame_svg)
+    if output is None:  # -o -: stdout holds the report, stderr its warnings
+        outfile.write(None, html)
+        for warning in doc["meta"]["warnings"]:
+            common.warn(warning)
+        return 0
     try:
-        output.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        raise PgprobeError(f"cannot write {output}: {exc.strerror or exc}", EXIT_USAGE) from None
+        # Private (0600): query texts, role, database and application names.
+        outfile.write(output, html, private=True)
+    except PgprobeError as exc:
+        # The findings are not lost with the file: the JSON is out already, or the summary.
+        if ns.json:
+            kept = "the whole document is in the JSON on stdout"
+        else:
+            view.print_summary(doc, None)
+            kept = "the summary above is what is kept"
+        raise PgprobeError(f"{exc.message}; {kept}", exc.exit_code) from None
     if not ns.json:
         view.print_summary(doc, output)
     else:
@@ -86,12 +99,16 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _output_path(ns: argparse.Namespace) -> Path:
+def _output_path(ns: argparse.Namespace) -> Path | None:
+    """Where the report goes (None: stdout), checked before the capture."""
+    if ns.output == "-":
+        if ns.json or sys.stdout.isatty():
+            why = "with --json, stdout holds the JSON" if ns.json else "stdout is a terminal"
+            raise PgprobeError(f"-o -: {why}: give -o FILE", EXIT_USAGE)
+        return None
     if ns.output:
-        path = Path(ns.output)
-        if path.is_dir() or not path.parent.exists():
-            raise PgprobeError(f"cannot write the report to {ns.output}", EXIT_USAGE)
-        return path
+        outfile.check(ns.output, "-o")
+        return Path(ns.output)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path(f"pgprobe-triage-{stamp}.html")
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from pgprobe import findings
 from pgprobe.findings.timemodel import time_model
+from pgprobe.literal import literal
+from pgprobe.tools import common
 
 # Lines of the time model shown in the summary (the report has them all).
 MODEL_LINES = 8
@@ -36,22 +37,28 @@ def time_model_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_summary(doc: dict[str, Any], output: Path) -> None:
+def print_summary(doc: dict[str, Any], output: Path | None) -> None:
+    """Each line shown as text: findings quote queries, function and application names.
+    output: where the report was written (None: it was not)."""
     meta = doc["meta"]
     print(
-        f"pgprobe triage: {meta['duration_s']:.0f} s of PostgreSQL "
-        f"{meta['postgres_version'].split()[0]} (postmaster {meta['postmaster_pid']})"
+        literal(
+            f"pgprobe triage: {meta['duration_s']:.0f} s of PostgreSQL "
+            f"{meta['postgres_version'].split()[0]} (postmaster {meta['postmaster_pid']})"
+        )
     )
     model = time_model_lines(doc)
     if model:
         print()
-        print("\n".join(model))
+        print("\n".join(literal(line) for line in model))
     for finding in doc["findings"]:
-        print(f"\n[{finding['severity'].upper()}] {finding['title']}")
+        print()
+        print(literal(f"[{finding['severity'].upper()}] {finding['title']}"))
         if finding.get("evidence"):
-            print(f"  evidence: {finding['evidence']}")
+            print(literal(f"  evidence: {finding['evidence']}"))
         if finding.get("next_step"):
-            print(f"  next: {finding['next_step']}")
+            print(literal(f"  next: {finding['next_step']}"))
     for warning in meta["warnings"]:
-        print(f"pgprobe: warning: {warning}", file=sys.stderr)
-    print(f"\nreport: {output.resolve()}")
+        common.warn(warning)
+    if output is not None:
+        print(f"\nreport: {literal(str(output.resolve()))}")

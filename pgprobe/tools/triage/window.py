@@ -84,6 +84,13 @@ def capture_window(
         "activity": sampler.document() if before is not None else None,
         "stats": pgstats.deltas(before, after) if before and after else None,
     }
+    statements = (doc["stats"] or {}).get("statements")
+    if statements:
+        try:
+            with discover.connect_conninfo(conninfo) as conn:
+                pgstats.fill_statement_texts(conn, statements)
+        except Exception as exc:  # noqa: BLE001 - the server went away: ids without texts
+            warnings.append(f"stats: statement texts not read ({_reason(exc)})")
     if gone is not None:
         warnings.append(
             f"stats, activity: {gone['what']} at {gone['at']}: PostgreSQL's statistics and "

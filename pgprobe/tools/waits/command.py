@@ -167,14 +167,32 @@ def emit(
     )
     if untraced_s is not None:  # a restarted tracer: the seconds before this window untraced
         meta["untraced_before_s"] = round(untraced_s, 6)
+    has_graph = off is not None and fmt is not None and namer is not None
     if off is not None and fmt is not None and namer is not None:
         meta["stacks"] = [s.as_json() for s in off]
-        emit_stacks(ns, fmt, off, meta, targets, namer)
-        if not ns.output:
-            return  # stdout holds the graph
+        meta.update(namer.facts())
+        if ns.output in (None, "-"):  # stdout holds the graph
+            emit_stacks(ns, fmt, off, meta, targets, namer)
+            common.print_losses(info)
+            return
     if ns.json:
         common.print_json(NAME, meta, [r.as_json() for r in result])
-        return
+    else:
+        show(meta, result, by_pid, info, not_read)
+    if has_graph:
+        # The graph's file after the table: a full disk then loses the file, not the table.
+        assert off is not None and fmt is not None and namer is not None
+        emit_stacks(ns, fmt, off, meta, targets, namer)
+
+
+def show(
+    meta: dict[str, Any],
+    result: list[records.Row],
+    by_pid: bool,
+    info: RunInfo,
+    not_read: str | None,
+) -> None:
+    """The time model's table on stdout, its losses and notes on stderr."""
     title = common.title("Time model", meta) + (
         f"; {meta['processes']} processes, {meta['process_seconds']:.1f} process-seconds"
     )
@@ -182,10 +200,10 @@ def emit(
     common.print_losses(info)
     warning = records.lost_warning(meta["unseen_events"], meta["lost_gap_ms"])
     if warning:
-        print(f"pgprobe: warning: {warning}", file=sys.stderr)
+        common.warn(warning)
     note = records.client_read_warning(result, not_read)
     if note:
-        print(f"pgprobe: note: {note}", file=sys.stderr)
+        common.warn(note, "note")
 
 
 def emit_stacks(
@@ -205,7 +223,6 @@ def emit_stacks(
     def describe(pid: int) -> Any:
         return targets.cluster.backend(pid) or namer.describe(pid)
 
-    meta.update(namer.facts())
     view.emit_stacks(ns, fmt, off, title, facts, targets, describe, meta["window_s"])
     offcpu.print_warnings(namer, off)
 
@@ -218,7 +235,7 @@ def output_format(ns: argparse.Namespace) -> str | None:
             offcpu.raise_usage(f"{flag} is for --stacks")
         return None
     fmt: str = ns.format or ("pprof" if pprof_export.wants_pprof(ns.output) else "svg")
-    if ns.json and not ns.output:
+    if ns.json and ns.output in (None, "-"):
         offcpu.raise_usage("--stacks --json: give -o FILE for the stacks (stdout holds the JSON)")
     check_output(ns, fmt)
     return fmt

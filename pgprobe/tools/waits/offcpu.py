@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -132,6 +131,8 @@ class StackNamer:
                 f"stack: perf recorded no switch-out for them ({self.switches.recorded:,} "
                 f"recorded{lost})"
             )
+        if self.switches is not None:
+            out += self.switches.perf.info.warnings  # its cap reached, its own warnings
         out += self.symbolizer.stats.warnings()
         return out
 
@@ -225,6 +226,6 @@ def raise_usage(message: str) -> None:
 
 def print_warnings(namer: StackNamer, stacks: list[OffCpuStack]) -> None:
     if "lack" in namer.unwind_reason:  # auto's choice, when frame pointers are missing
-        print(f"pgprobe: stacks: {namer.unwind_reason}", file=sys.stderr)
+        common.warn(namer.unwind_reason, "stacks")
     for line in namer.warnings(sum(s.ns for s in stacks)):
-        print(f"pgprobe: warning: {line}", file=sys.stderr)
+        common.warn(line)

@@ -104,7 +104,7 @@ def emit_stacks(
         return
     folded = folded_us(stacks)
     if fmt == "folded":
-        write(ns, "".join(line + "\n" for line in format_folded(folded_text(folded))))
+        write(ns, flamegraph.folded_file(format_folded(folded_text(folded))))
     elif fmt == "speedscope":
         write(ns, flamegraph.render_speedscope({title: folded}, name=title, hz=1e6))
     else:
