@@ -20,6 +20,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,15 @@ def test_lwlock_records_are_the_same(lwlock_run: list[Snapshot]) -> None:
         for spec in lwlocks.MAPS:
             assert counted(mine.get(spec.name)) == counted(real.get(spec.name)), spec.name
         # the same records; printa() prints in value order, bpftrace in its own
-        assert sorted(lwlocks.records(mine), key=repr) == sorted(lwlocks.records(real), key=repr)
+        assert used_buckets(lwlocks.records(mine)) == used_buckets(lwlocks.records(real))
+
+
+def used_buckets(recs: list[lwlocks.WaitRecord]) -> list[lwlocks.WaitRecord]:
+    """Records in a stable order, their histograms without empty buckets (see counted():
+    a key in both of a window's buffers is merged, which keeps only the used ones; CI saw
+    DTrace's zero rows between 2 us and 256 us against such a merge)."""
+    out = [replace(r, hist=Log2Hist(tuple(b for b in r.hist.buckets if b[2]))) for r in recs]
+    return sorted(out, key=repr)
 
 
 def _shape(value: Any) -> Any:
