@@ -78,6 +78,7 @@ struct sched_info {
 
 struct task_struct {
 	int exit_state;
+	__u64 start_time;	/* its fork, on the monotonic clock (bpf_ktime_get_ns's) */
 	pid_t pid;
 	pid_t tgid;
 	struct task_struct *real_parent;
@@ -308,13 +309,24 @@ static __always_inline __u64 read_wait_event(struct task_state *t)
  * two alike.
  */
 static __always_inline void close_interval(struct task_state *t, __u32 tid, __u64 now,
-					   __u64 cpu, __u64 rd, __u64 nv, __u64 run)
+					   __u64 cpu, __u64 rd, __u64 nv, __u64 run, __u64 tail)
 {
-	__u64 span = now - t->since, dcpu = cpu - t->cpu0, dq = rd - t->rd0, woken, slept;
-	__u64 sleeps = nv - t->nv0, wei = t->a;
+	__u64 span = now > t->since ? now - t->since : 0, dcpu = cpu - t->cpu0;
+	__u64 dq = rd - t->rd0, woken, slept, sleeps = nv - t->nv0, wei = t->a;
 
 	if (run > dcpu)
 		dcpu = run;	/* its one run's wall time: with the steal and IRQ time in it */
+	if (tail) {
+		/*
+		 * The counters grew after `now`, the process's end (on_exit): `tail` ns on CPU
+		 * or runnable while the kernel tore it down. Not its time: from its CPU first,
+		 * the rest from its runqueue time (a split the counters cannot tell).
+		 */
+		__u64 cut = tail < dcpu ? tail : dcpu;
+		dcpu -= cut;
+		tail -= cut;
+		dq -= tail < dq ? tail : dq;
+	}
 	if (dcpu > span)
 		dcpu = span;
 	if (dq > span - dcpu)
@@ -398,11 +410,25 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	__u64 now = bpf_ktime_get_ns(), cpu = prev->se.sum_exec_runtime;
 	__u64 rd = prev->sched_info.run_delay, nv = prev->nvcsw;
 	__u32 tid = prev->pid;
+	__u64 end = now;	/* of its life: its exit (on_exit) for its final switch-out */
+	bool dead = prev->exit_state & EXIT_ZOMBIE_OR_DEAD;
 
+	if (dead) {
+		__u64 *exited = bpf_map_lookup_elem(&exit_ns, &tid);
+		if (exited && *exited <= now)
+			end = *exited;
+		else
+			set(&exit_ns, tid, now);	/* its exit not seen (attached since) */
+	}
 	if (t) {
-		close_interval(t, tid, now, cpu, rd, nv, one_run(t, prev));
+		close_interval(t, tid, end, cpu, rd, nv, one_run(t, prev), now - end);
 	} else {
-		/* not seeded yet, not forked in the capture: from @start, else from here */
+		/*
+		 * Not seeded yet, its fork not seen: from @start (counters at the window's
+		 * start); born after the window's start but before the attach, from its birth
+		 * (task->start_time, the monotonic clock; a new task's counters start at 0);
+		 * else from here.
+		 */
 		t = bpf_task_storage_get(&task, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (!t) {
 			refused();
@@ -411,6 +437,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		struct start_state *s = bpf_map_lookup_elem(&start, &tid);
 		__u32 w = WINDOW_NS;
 		__u64 *window = bpf_map_lookup_elem(&scalars, &w);
+		__u64 born = prev->start_time;
 		if (s && window && *window && *window < now) {
 			t->since = *window;
 			t->state = s->state;
@@ -418,12 +445,16 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			t->cpu0 = s->cpu0;
 			t->rd0 = s->rd0;
 			t->nv0 = s->nv0;
-			close_interval(t, tid, now, cpu, rd, nv, 0);
+			close_interval(t, tid, end, cpu, rd, nv, 0, now - end);
+		} else if (window && *window && *window < born && born < now && !only_pid) {
+			set(&born_ns, tid, born);
+			t->since = born;
+			t->state = STARTED;
+			close_interval(t, tid, end, cpu, rd, nv, 0, now - end);
 		}
 	}
-	if (prev->exit_state & EXIT_ZOMBIE_OR_DEAD) {
-		/* its final switch-out: its end; running totals to the maps */
-		set(&exit_ns, tid, now);
+	if (dead) {
+		/* its final switch-out: running totals to the maps (its end is in @exit_ns) */
 		add(&cpu_ns, &tid, t->cpu);
 		add2(&runq_ns, tid, 2, t->runq2);
 		add2(&runq_ns, tid, 3, t->runq3);
@@ -438,6 +469,20 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	t->cpu0 = cpu;
 	t->rd0 = rd;
 	t->nv0 = nv;
+	return 0;
+}
+
+/*
+ * A process's end: sched_process_exit, when do_exit has released its memory. It still
+ * runs until its final switch-out (files, its parent told: 1-30 ms measured under a
+ * churn of connections), which is the kernel's work, no more the process's: on_switch
+ * leaves it out. Only once: a task's threads are not ours (PostgreSQL has none).
+ */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	if (p->pid == p->tgid && ours(p))
+		set(&exit_ns, p->pid, bpf_ktime_get_ns());
 	return 0;
 }
 

@@ -49,6 +49,7 @@ class TaskOffsets:
     real_parent: int  # real_parent (struct task_struct *)
     tgid: int  # tgid (pid_t)
     pcount: int  # sched_info.pcount: how many times it ran on a CPU (unsigned long)
+    start_time: int  # start_time: its fork, on the monotonic clock (nsecs's), ns (u64)
 
     def as_args(self) -> list[int]:
         return [getattr(self, field.name) for field in dataclasses.fields(self)]
@@ -62,6 +63,7 @@ _FIELDS = {
     "real_parent": ("real_parent", _POINTER_SIZE),
     "tgid": ("tgid", 4),
     "pcount": ("sched_info.pcount", 8),
+    "start_time": ("start_time", 8),
 }
 
 

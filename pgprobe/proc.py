@@ -85,6 +85,16 @@ def sched_counters(pid: int) -> SchedCounters | None:
     return SchedCounters(*fields, sleeps)
 
 
+def start_ticks(pid: int) -> int | None:
+    """When pid started, in clock ticks since boot (/proc/PID/stat field 22); None when it
+    is gone. The same pid number with another start time is another process."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def asleep(pid: int) -> bool:
     """Whether pid is asleep now (/proc/PID/stat's state S or D: not running, not runnable)."""
     try:

@@ -65,8 +65,8 @@ def bpftrace_child(ppid: int) -> int | None:
     return None
 
 
-# bpf/waits.bpf.c's programs (sched_switch, process fork), attached together
-WAITS_BPF_LINKS = 2
+# bpf/waits.bpf.c's programs (sched_switch, process exit, process fork), attached together
+WAITS_BPF_LINKS = 3
 
 
 def bpf_link_fds(pid: int) -> int:

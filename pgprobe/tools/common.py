@@ -186,12 +186,23 @@ def capture(
 
 
 def snapshots(
-    running: Capture, ns: argparse.Namespace, what: str
+    running: Capture,
+    ns: argparse.Namespace,
+    what: str,
+    on_live: Callable[[], None] | None = None,
 ) -> Iterator[tuple[Snapshot, RunInfo]]:
-    """The capture's snapshots, with a countdown on a terminal's stderr meanwhile."""
+    """The capture's snapshots, with a countdown on a terminal's stderr meanwhile.
+    on_live: called once, as soon as the probes are all attached (a tick says so)."""
     delivered = False
     with Countdown(what, ns.duration) as countdown:
-        running.on_tick = countdown.tick
+        pending = [on_live] if on_live is not None else []
+
+        def tick(info: RunInfo, remaining: float | None) -> None:
+            if pending and info.probes_attached:
+                pending.pop()()
+            countdown.tick(info, remaining)
+
+        running.on_tick = tick
         for event in running.events():
             if isinstance(event, Snapshot):
                 delivered = True

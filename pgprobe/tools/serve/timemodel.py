@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pgprobe import proc
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Snapshot
 from pgprobe.tools import lwlocks
@@ -34,6 +33,10 @@ class TimeModel:
     observed_s: float = 0.0  # how long the last window's probes counted (duty cycle: a part)
     lwlock_sleeps: bool = False  # also the LWLock sleeps of each window (lwlock_records)
     lwlock_records: list[lwlocks.WaitRecord] = field(default_factory=list)
+    discovered: dict[int, int] = field(default_factory=dict)  # targets.identities at start
+
+    def __post_init__(self) -> None:
+        self.discovered = waits_targets.identities(self.targets.pids)
 
     def describe(self, pid: int) -> tuple[str, str]:
         if pid not in self.types:
@@ -46,12 +49,12 @@ class TimeModel:
         The maps are cumulative since the capture began: a window is the
         difference of this snapshot and the last (records.since()), cut at
         their @now_ns; a snapshot of a new capture (a duty cycle's next part)
-        is a window of its own. The pids found at discovery that still exist are passed
-        as targets: one asleep since before the capture, never woken, has no
-        event to show it (its window is "asleep since before capture"). A pid
-        born later has its fork in @task.
+        is a window of its own. The pids found at discovery that are still the same
+        processes are passed as targets (waits.targets.present): one asleep since before
+        the capture, never woken, has no event to show it (its window is "asleep since
+        before capture"). A pid born later has its fork in @task.
         """
-        alive = [pid for pid in self.targets.pids if proc.exists(pid)]
+        alive = waits_targets.present(self.discovered)
         is_ours = waits_targets.ours(self.targets)
         previous, self.previous = waits_records.continues(self.previous, snapshot), snapshot
         start, end = waits_records.window(snapshot, previous)

@@ -118,13 +118,15 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
     waits_probe.check_server(targets)
     cluster = targets.cluster
     where = address.find(cluster.postmaster_pid, cluster.binary)
-    runs_before = waits_targets.run_counts(targets.pids)
+    runs_before = waits_targets.run_counts(waits_targets.watched(targets))
+    discovered = waits_targets.identities(runs_before)
     args = waits_probe.script_args(targets, where, None)
     capture = waits_probe.capture(ns, args)
 
     def section(snapshot: Snapshot, info: RunInfo) -> dict[str, Any]:
         slept_in = waits_targets.asleep_all_along(targets, runs_before)
-        procs = waits_records.records(snapshot, targets.pids, waits_targets.ours(targets), slept_in)
+        alive = waits_targets.present(discovered)
+        procs = waits_records.records(snapshot, alive, waits_targets.ours(targets), slept_in)
         if not targets.whole_cluster:
             procs = [p for p in procs if p.pid in targets.pids]
         start, end = waits_records.window(snapshot)

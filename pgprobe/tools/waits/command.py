@@ -14,7 +14,16 @@ from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common, pprof_export
 from pgprobe.tools.flame.output import check_output
 from pgprobe.tools.waits import offcpu, probe, records, stacks, view
-from pgprobe.tools.waits.targets import asleep_all_along, asleep_at, describe, ours, run_counts
+from pgprobe.tools.waits.targets import (
+    asleep_all_along,
+    asleep_at,
+    describe,
+    identities,
+    ours,
+    present,
+    run_counts,
+    watched,
+)
 from pgprobe.waitevents import address
 
 NAME = "waits"
@@ -91,8 +100,16 @@ def capture_windows(
     """One tracer's run: its windows emitted. In interval mode its maps keep every exited
     process (running totals): past records.RECYCLE_AFTER_EXITED it is stopped, its last
     window emitted, and the caller starts another (as serve does)."""
-    runs_before = run_counts(targets.pids)
+    runs_before = run_counts(watched(targets))
+    discovered = identities(runs_before)  # alive before the window: may sleep all along
     asleep_now = asleep_at(targets, runs_before)
+
+    def at_live() -> None:
+        # The sleeps under way once the probes are in, of every process then, the ones born
+        # while the tracer started (bpftrace: up to seconds) too: the script names a sleep
+        # begun before its probes by this read (the compiled object reads them itself).
+        asleep_now.update(asleep_at(targets, run_counts(watched(targets))))
+
     args = probe.script_args(targets, where, ns.interval)
     namer: offcpu.StackNamer | None = None
     if fmt:
@@ -102,7 +119,7 @@ def capture_windows(
         capture = probe.capture(ns, args)
     end = CaptureEnd(0)
     previous = None  # the maps are cumulative: each window is the difference of two
-    for snapshot, info in common.snapshots(capture, ns, "time per wait event"):
+    for snapshot, info in common.snapshots(capture, ns, "time per wait event", at_live):
         # Each window is modelled with pg_stat_activity's knowledge at its read, for the
         # processes asleep all along (the compiled capture needs it only for one that had no
         # entry: it seeds each process with the wait event read from its memory).
@@ -110,8 +127,8 @@ def capture_windows(
         records.keep_asleep(snapshot, slept_in, asleep_now)
         if untraced_s is not None and previous is None:  # the gap since the last tracer ended
             untraced_s += records.window(snapshot)[0] / 1e9
-        emit(ns, snapshot, info, targets, by_pid, where, slept_in, fmt, namer,
-             previous, untraced_s if previous is None else None)  # fmt: skip
+        emit(ns, snapshot, info, targets, present(discovered), by_pid, where, slept_in, fmt,
+             namer, previous, untraced_s if previous is None else None)  # fmt: skip
         previous = snapshot
         end.end_ns = records.window(snapshot)[1]
         exited = records.exited(snapshot)
@@ -126,6 +143,7 @@ def emit(
     snapshot: Snapshot,
     info: RunInfo,
     targets: Targets,
+    alive: list[int],
     by_pid: bool,
     where: address.WaitEventAddress,
     slept_in: dict[int, int],
@@ -135,7 +153,9 @@ def emit(
     untraced_s: float | None = None,
 ) -> None:
     is_ours = ours(targets)
-    procs = records.since(previous, snapshot, targets.pids, is_ours)  # records.keep_asleep
+    # alive: the targets of the discovery still there (targets.present), which may have slept
+    # all along; slept_in and asleep_at_start: the snapshot's own (records.keep_asleep)
+    procs = records.since(previous, snapshot, alive, is_ours)
     if not targets.whole_cluster:
         procs = [p for p in procs if p.pid in targets.pids]
     off: list[stacks.OffCpuStack] | None = None
@@ -152,6 +172,7 @@ def emit(
         snapshot,
         interval=ns.interval,
         window_s=round((end - start) / 1e9, 6),
+        window_unix_s=wall_clock(start, end),
         processes=len(procs),
         process_seconds=round(sum(p.wall_ns for p in procs) / 1e9, 6),
         exited_pids=[p.pid for p in procs if p.exited],
@@ -183,6 +204,13 @@ def emit(
         # The graph's file after the table: a full disk then loses the file, not the table.
         assert off is not None and fmt is not None and namer is not None
         emit_stacks(ns, fmt, off, meta, targets, namer)
+
+
+def wall_clock(*monotonic_ns: int) -> list[float]:
+    """Moments of the kernel's monotonic clock (the window's edges) as Unix times, to hold
+    beside a server log or a client's clock (the offset read now: the clocks move alike)."""
+    offset = time.time_ns() - time.monotonic_ns()
+    return [round((ns + offset) / 1e9, 6) for ns in monotonic_ns]
 
 
 def show(

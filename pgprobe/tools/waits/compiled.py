@@ -262,6 +262,12 @@ def read(obj: libbpf.BpfObject, info: RunInfo, pids: list[int]) -> Snapshot:
     after = _raw_tasks(obj, pids)
     now = time.monotonic_ns()
     maps["now_ns"] = {(): now}
+    # A process that ended during the read (after @exit_ns was read, before `now`: tens of
+    # ms under load) ends at its exit, not at `now`: read again, up to `now` (its totals are
+    # in the entry read before, kept by _consistent, or in the maps).
+    for k, v in obj.items("exit_ns"):
+        if _U64.unpack(v)[0] <= now:
+            maps["exit_ns"].setdefault((_U32.unpack(k)[0],), _U64.unpack(v)[0])
     for pid, (entry, _when, counters) in after.items():
         if _unmoved(pid, counters):  # neither run nor on CPU since: as it was at `now`
             after[pid] = (entry, now, counters)

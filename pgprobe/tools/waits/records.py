@@ -255,7 +255,8 @@ def records(
         if pid not in procs and is_ours(pid):
             wei = (slept_in or {}).get(pid, waitevents.BEFORE_CAPTURE)
             proc(pid).wait_ns[wei] = proc(pid).wall_ns
-    return sorted(procs.values(), key=lambda p: p.pid)
+    # Born after the window's end: in the maps only because they were printed later.
+    return sorted((p for p in procs.values() if born.get(p.pid, start) < end), key=lambda p: p.pid)
 
 
 def since(

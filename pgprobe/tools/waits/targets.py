@@ -4,12 +4,39 @@ through the whole capture (read from /proc and pg_stat_activity). Used by
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pgprobe import discover, proc, waitevents
 from pgprobe.discover import Targets
 from pgprobe.tools.waits import records
 from pgprobe.waitevents import backend_state
+
+
+def identities(pids: Iterable[int]) -> dict[int, int]:
+    """pid -> its start time, read before a capture, for present()."""
+    started = {pid: proc.start_ticks(pid) for pid in pids}
+    return {pid: t for pid, t in started.items() if t is not None}
+
+
+def present(before: dict[int, int]) -> list[int]:
+    """The processes of `before` that are still the same now (same pid, same start time).
+
+    These are the targets records() may charge a whole window "asleep" when no event of
+    theirs shows: a process of the discovery gone since (it exited before the probes were
+    in, so no exit was seen) lived none of the window, and a pid number reused by another
+    process is not the one discovered."""
+    return sorted(pid for pid, t in before.items() if proc.start_ticks(pid) == t)
+
+
+def watched(targets: Targets) -> list[int]:
+    """The processes to read before a capture: the targets, and for the whole cluster every
+    child of the postmaster now (the backends born since the discovery too: one asleep
+    when the probes attach is named by this read, not "asleep since before the capture")."""
+    if not targets.whole_cluster:
+        return list(targets.pids)
+    postmaster = targets.cluster.postmaster_pid
+    return sorted({*targets.pids, postmaster, *proc.children(postmaster)})
 
 
 def run_counts(pids: list[int]) -> dict[int, int]:
@@ -35,7 +62,7 @@ def asleep_all_along(targets: Targets, runs_before: dict[int, int]) -> dict[int,
     """
     discover.refresh_backends(targets.cluster)
     out = {}
-    for pid, runs in run_counts(targets.pids).items():
+    for pid, runs in run_counts(list(runs_before)).items():
         backend = targets.cluster.backend(pid)
         if runs_before.get(pid) != runs or backend is None or not backend.wait_event_type:
             continue
