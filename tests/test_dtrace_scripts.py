@@ -282,7 +282,15 @@ BPF_ONLY_PARAMS = {
     "clog_reads": ["STOPPER_PID"],
     # waits.bt reads task_struct fields at offsets from the kernel's BTF (bpftrace 0.17
     # spends ~1 s compiling curtask->field); waits.d reads curthread's fields by name.
-    "waits": ["SUM_OFF", "PREV_OFF", "FLAGS_OFF", "PARENT_OFF", "TGID_OFF", "PCOUNT_OFF"],
+    "waits": [
+        "SUM_OFF",
+        "PREV_OFF",
+        "FLAGS_OFF",
+        "PARENT_OFF",
+        "TGID_OFF",
+        "PCOUNT_OFF",
+        "START_OFF",
+    ],
 }
 
 
