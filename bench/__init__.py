@@ -7,6 +7,6 @@ without a tool), `bpfstats` (kernel BPF run-time statistics per program), `probe
 mechanism's ns per fire), `hooks` (time to answer, `pgprobe serve`: other modules'
 measure()), `render`, `symbolize`, `runtool` (runs pgprobe and reports its own peak memory),
 `results` (the run as docs/benchmarks.json, budgets judged), `report` (docs/benchmarks.md
-and the README's Overhead table from that JSON), `stats` (confidence intervals), `common`
+and docs/overhead.md's Overhead table from that JSON), `stats` (confidence intervals), `common`
 (/proc readings, machine facts).
 """

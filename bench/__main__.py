@@ -8,7 +8,7 @@ bench/configs.py and bench/plan.py), per-fire costs (kernel BPF statistics per p
 bench/probe_cost.py), the dwarf capture's finish time, lwlocks under heavy contention,
 time to answer (bench/answer.py) and `pgprobe serve` (fleet2's measure(); see
 bench/hooks.py), render and symbolize speed. The run is written to docs/benchmarks.json,
-and docs/benchmarks.md and the README's Overhead table are rendered from it
+and docs/benchmarks.md and docs/overhead.md's Overhead table are rendered from it
 (bench/report.py). A report, not a gate: the exit status is 0 unless the bench fails.
 """
 
@@ -99,10 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the page rendered from them (default docs/benchmarks.md)",
     )
     parser.add_argument(
-        "--readme",
+        "--overhead-page",
         type=Path,
-        default=common.REPO / "README.md",
-        help="whose Overhead table to rewrite (default README.md)",
+        default=common.REPO / "docs" / "overhead.md",
+        help="whose Overhead table to rewrite (default docs/overhead.md)",
     )
     return parser.parse_args(argv)
 
@@ -214,10 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = _run(args, meta, started, workdir)
     results.save(args.json, doc)
     report.write_benchmarks(args.output, doc)
-    readme = report.write_readme(args.readme, doc)
+    readme = report.write_overhead_page(args.overhead_page, doc)
     common.log(
         f"\nwrote {args.json}, {args.output}"
-        + (f" and the Overhead table of {args.readme}" if readme else "")
+        + (f" and the Overhead table of {args.overhead_page}" if readme else "")
         + f" ({doc['elapsed_min']:.1f} min)"
     )
     for b in doc["budgets"]:

@@ -1,4 +1,4 @@
-"""docs/benchmarks.md and the README's Overhead table, from a run's JSON (bench/results.py).
+"""docs/benchmarks.md and docs/overhead.md's Overhead table, from a run's JSON (bench/results.py).
 
     .venv/bin/python -m bench.report [docs/benchmarks.json]   # re-render both from a run
 
@@ -7,7 +7,7 @@ Long because every table of docs/benchmarks.md is written here, one function eac
 Only the text between the marker lines is rewritten: in docs/benchmarks.md between
 BEGIN and END (the hand-written method and analysis around them, and the soak section
 between `<!-- soak:start -->` and `<!-- soak:end -->`, stay as they are, wherever they
-are); in README.md between README_BEGIN and README_END.
+are); in docs/overhead.md between OVERHEAD_BEGIN and OVERHEAD_END.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from bench import common, results
 
 BEGIN = "<!-- bench:begin: written by scripts/bench, edits between these lines are lost -->"
 END = "<!-- bench:end -->"
-README_BEGIN = "<!-- overhead-table:begin: written by scripts/bench from docs/benchmarks.json -->"
-README_END = "<!-- overhead-table:end -->"
+OVERHEAD_BEGIN = "<!-- overhead-table:begin: written by scripts/bench from docs/benchmarks.json -->"
+OVERHEAD_END = "<!-- overhead-table:end -->"
 SOAK = re.compile(r"<!-- soak:start -->.*?<!-- soak:end -->\n?", re.S)
 SHOWN = {"met": "met", "missed": "**MISSED**", "undecided": "undecided"}
 
@@ -380,13 +380,13 @@ def generated(doc: Doc) -> str:
     return "\n".join(lines) + "\n"
 
 
-def readme_table(doc: Doc) -> str:
-    """The README's Overhead table: one row per tool and workload, with its verdict."""
+def overhead_page_table(doc: Doc) -> str:
+    """docs/overhead.md's Overhead table: one row per tool and workload, with its verdict."""
     verdicts = {b["what"]: b for b in doc["budgets"]}
     lines = [
-        README_BEGIN,
+        OVERHEAD_BEGIN,
         f"Measured {doc['started']} UTC by `{doc['command']}` ({doc['machine'].get('cpus')} "
-        "CPUs, both saturated by pgbench); details in [docs/benchmarks.md](docs/benchmarks.md).",
+        "CPUs, both saturated by pgbench); details in [benchmarks.md](benchmarks.md).",
         "",
         "| tool | workload | TPS ratio [95 % CI] | budget | verdict | probe fires/s "
         "| CPU it costs (share of the server's) |",
@@ -412,7 +412,7 @@ def readme_table(doc: Doc) -> str:
                 f"| {_f(r['median'].get('fires_per_s'), ',.0f')} "
                 f"| {_pct(share)} |"
             )
-    lines.append(README_END)
+    lines.append(OVERHEAD_END)
     return "\n".join(lines) + "\n"
 
 
@@ -439,13 +439,13 @@ def write_benchmarks(path: Path, doc: Doc) -> None:
     path.write_text(text)
 
 
-def write_readme(path: Path, doc: Doc) -> bool:
-    """Update the README's Overhead table; False (and nothing written) without markers."""
+def write_overhead_page(path: Path, doc: Doc) -> bool:
+    """Update docs/overhead.md's Overhead table; False (and nothing written) without markers."""
     text = path.read_text()
-    if README_BEGIN.split(":")[0] not in text or README_END not in text:
+    if OVERHEAD_BEGIN.split(":")[0] not in text or OVERHEAD_END not in text:
         return False
-    begin = text[text.index(README_BEGIN.split(":")[0]) :].split("\n", 1)[0]
-    path.write_text(replace_between(text, begin, README_END, readme_table(doc)))
+    begin = text[text.index(OVERHEAD_BEGIN.split(":")[0]) :].split("\n", 1)[0]
+    path.write_text(replace_between(text, begin, OVERHEAD_END, overhead_page_table(doc)))
     return True
 
 
@@ -455,15 +455,15 @@ def main() -> int:
         "json", nargs="?", type=Path, default=common.REPO / "docs" / "benchmarks.json"
     )
     parser.add_argument("--docs", type=Path, default=common.REPO / "docs" / "benchmarks.md")
-    parser.add_argument("--readme", type=Path, default=common.REPO / "README.md")
+    parser.add_argument("--overhead-page", type=Path, default=common.REPO / "docs" / "overhead.md")
     args = parser.parse_args()
     doc = results.load(args.json)
     write_benchmarks(args.docs, doc)
     print(f"wrote {args.docs}")
-    if write_readme(args.readme, doc):
-        print(f"wrote the Overhead table of {args.readme}")
+    if write_overhead_page(args.overhead_page, doc):
+        print(f"wrote the Overhead table of {args.overhead_page}")
     else:
-        print(f"{args.readme}: no overhead-table markers, left alone")
+        print(f"{args.overhead_page}: no overhead-table markers, left alone")
     return 0
 
 

@@ -3,7 +3,7 @@
 Long because the document and the budgets judged on it are one contract with
 bench/report.py: the summaries, the cost model, every budget and the lwlocks guard.
 
-Everything docs/benchmarks.md and the README's Overhead table show comes from this
+Everything docs/benchmarks.md and docs/overhead.md's Overhead table show comes from this
 document (bench/report.py renders it), so a run can be re-rendered or re-read later.
 
 A budget on a TPS ratio is judged on the 95 % interval of the geometric mean of the pair

@@ -9,6 +9,8 @@ multi-line detail.
 
 from __future__ import annotations
 
+import os
+import pwd
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +90,23 @@ def connect_conninfo(conninfo: str) -> Any:
     try:
         return psycopg.connect(conninfo, autocommit=True)
     except psycopg.Error as exc:
+        reason = _first_line(exc)
         raise PgprobeError(
-            f"cannot connect to PostgreSQL: {_first_line(exc)}", EXIT_CONNECT
+            f"cannot connect to PostgreSQL: {reason}{_role_hint(reason, conninfo)}", EXIT_CONNECT
         ) from None
+
+
+def _role_hint(reason: str, conninfo: str) -> str:
+    """Under sudo, libpq's default user is root, which is rarely a role: say how to name one.
+    Only when no user was given (-U, --dbname's user=, PGUSER)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name  # libpq's default user
+    except KeyError:
+        return ""
+    if f'role "{user}" does not exist' not in reason:
+        return ""
+    if conninfo_to_dict(conninfo).get("user") or os.environ.get("PGUSER"):
+        return ""
+    return " (run with -U postgres, or set PGUSER)"

@@ -1,7 +1,7 @@
 """Writing results: whole or not at all, never through a link, private when they hold names.
 
 pgprobe runs as root, often in a directory others can write (/tmp) and on a host whose
-disk may be full when it is needed most. So every result file (-o, --folded, --pprof,
+disk may be full when it is needed most. So every result file (-o, a clog-reads stack file,
 triage's report) goes through write():
 
 - no file or a regular file (or a symlink) at the target: the data goes to a temp file

@@ -1,4 +1,9 @@
-"""Where the probe scripts are: inside the installed package, or in a checkout."""
+"""Where the probe scripts are: inside the installed package, or in a checkout.
+
+A wheel carries bpf/ and d/ inside the package (pgprobe/bpf, pgprobe/d: pyproject.toml's
+force-include), bpf/build/*.bpf.o included, compiled when the wheel was built
+(hatch_build.py); a checkout has them beside the package, bpf/build/ made by
+scripts/build-bpf."""
 
 from __future__ import annotations
 
@@ -16,3 +21,9 @@ def script_path(engine_dir: str, name: str) -> Path:
         if candidate.is_file():
             return candidate
     raise PgprobeError(f"probe script {engine_dir}/{name} is missing from this installation")
+
+
+def installed() -> bool:
+    """Whether pgprobe runs from an installed wheel (its own bpf/ inside the package), not
+    from a checkout (bpf/ beside the package; an editable install too)."""
+    return (_PACKAGE / "bpf").is_dir() or not (_PACKAGE.parent / "bpf").is_dir()

@@ -8,18 +8,19 @@ checks of unhinted rows do), while eight more run pgbench's TPC-B-like load.
 `pgprobe lwlocks` shows the waits, `pgprobe triage` writes the report and its
 findings name the SLRU reads. --pg picks the build (tests/conftest.py's ids:
 14, 15-debian, 16, 17, 18); on a build without USDT probes lwlocks says so and
-the demo goes on.
+the demo goes on. scripts/samples.py runs every command on the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pgprobe import pgbuilds
@@ -36,17 +37,9 @@ def show(argv: list[str]) -> int:
     return subprocess.call(argv)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-d", "--duration", type=int, default=15, help="seconds of triage")
-    parser.add_argument("-o", "--output", default="pgprobe-demo-report.html", help="the report")
-    parser.add_argument("--sample", action="store_true", help="also copy it to samples/")
-    parser.add_argument("--pg", default="15-debian", help="the PostgreSQL build (default Debian's)")
-    args = parser.parse_args()
-    try:
-        (build,) = pgbuilds.select(args.pg)
-    except ValueError as exc:
-        parser.error(str(exc))
+@contextmanager
+def thrashing_cluster(build: pgbuilds.PgBuild, seconds: int) -> Iterator[PgCluster]:
+    """A throwaway cluster of `build` under the demo's load for `seconds`, then removed."""
     print(f"starting a throwaway cluster of {build.describe()}, shared_buffers=128kB", flush=True)
     settings = {**slru_workload.CLUSTER_SETTINGS, "max_connections": "100"}
     with (
@@ -65,26 +58,38 @@ def main() -> int:
         print(f"cluster at {pg.root} (port {pg.port}); {buffers} pg_xact buffers; "
               f"burned xids {first}..{last}")  # fmt: skip
         print("load: pgbench -c 8 (TPC-B-like) + pgbench -c 8 looking up old xids", flush=True)
-        # lwlocks' 5 s, and triage's parts attaching one after the other (time model last)
-        runtime = str(args.duration + 120)
+        runtime = str(seconds)
         loads = [
             pg.pgbench("-c", "8", "-j", "1", "-T", runtime),
             pg.pgbench("-n", "-c", "8", "-j", "1", "-T", runtime, "-f", str(script)),
         ]
         try:
             time.sleep(2)
-            pgprobe = [sys.executable, "-m", "pgprobe"]
-            rc = show([*pgprobe, "lwlocks", *pg.conn_args, "-d", "5"])
-            if not build.has_usdt:
-                rc = 0  # lwlocks said in one line why it cannot run; the rest can
-            rc = rc or show([*pgprobe, "triage", *pg.conn_args, "-d", str(args.duration),
-                             "-o", args.output])  # fmt: skip
+            yield pg
         finally:
             for load in loads:
                 load.terminate()
                 load.communicate()
-    if rc == 0 and args.sample:
-        shutil.copy(args.output, CHECKOUT / "samples" / "triage_example.html")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-d", "--duration", type=int, default=15, help="seconds of triage")
+    parser.add_argument("-o", "--output", default="pgprobe-demo-report.html", help="the report")
+    parser.add_argument("--pg", default="15-debian", help="the PostgreSQL build (default Debian's)")
+    args = parser.parse_args()
+    try:
+        (build,) = pgbuilds.select(args.pg)
+    except ValueError as exc:
+        parser.error(str(exc))
+    # lwlocks' 5 s, and triage's parts attaching one after the other (time model last)
+    with thrashing_cluster(build, args.duration + 120) as pg:
+        pgprobe = [sys.executable, "-m", "pgprobe"]
+        rc = show([*pgprobe, "lwlocks", *pg.conn_args, "-d", "5"])
+        if not build.has_usdt:
+            rc = 0  # lwlocks said in one line why it cannot run; the rest can
+        rc = rc or show([*pgprobe, "triage", *pg.conn_args, "-d", str(args.duration),
+                         "-o", args.output])  # fmt: skip
     print("\ncluster stopped and removed.")
     return rc
 

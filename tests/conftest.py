@@ -30,7 +30,7 @@ Fixtures for other tests:
 - cluster: the same for the ONCE build (tests that run once).
 - cluster_for(build, settings=..., name=...) (helpers.py): a new throwaway
   PgCluster of a build, as a context manager, for your own settings.
-- tested_on(tool, verdict): record what the test showed for the README's
+- tested_on(tool, verdict): record what the test showed for docs/support.md's
   "Tested on" table (see tests/tested_on.py).
 PGPROBE_PG_BINDIR is set to the ONCE build's bin dir for the session, so
 code that asks sandbox.pg_bindir() gets that build; set by the caller (and no
@@ -165,7 +165,8 @@ def _label_build(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def tested_on(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
-    """tested_on(tool, verdict): what this test showed, for the README's table (if it passes)."""
+    """tested_on(tool, verdict): what this test showed, for docs/support.md's table (if it
+    passes)."""
     build = _build_of(request.node)
     assert build is not None, "tested_on needs a test parametrized by pg_build"
 

@@ -1,6 +1,6 @@
 """The bench's results and report (bench/results.py, bench/report.py) on a synthetic run:
 budgets judged on intervals and on the cost per fire, the lwlocks guard decision, and the
-marker regions of docs/benchmarks.md and README.md. Pure: no cluster, no tracer, no
+marker regions of docs/benchmarks.md and docs/overhead.md. Pure: no cluster, no tracer, no
 timing."""
 
 from __future__ import annotations
@@ -164,19 +164,19 @@ def test_benchmarks_md_keeps_the_hand_written_text_and_the_soak_section(tmp_path
     assert page.read_text().count(soak) == 1 and "old" not in page.read_text()
 
 
-def test_readme_table_between_its_markers_only(tmp_path: Path) -> None:
+def test_overhead_table_between_its_markers_only(tmp_path: Path) -> None:
     doc = synthetic_doc()
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "overhead.md"
     readme.write_text("# pgprobe\n")
-    assert report.write_readme(readme, doc) is False
+    assert report.write_overhead_page(readme, doc) is False
     assert readme.read_text() == "# pgprobe\n"
-    markers = f"{report.README_BEGIN}\nold\n{report.README_END}"
+    markers = f"{report.OVERHEAD_BEGIN}\nold\n{report.OVERHEAD_END}"
     readme.write_text(f"## Overhead\nbefore\n{markers}\nafter\n")
-    assert report.write_readme(readme, doc) is True
+    assert report.write_overhead_page(readme, doc) is True
     text = readme.read_text()
     assert "old" not in text and "before" in text and "after" in text
     assert "| waits (sched_switch) | select |" in text
-    assert report.write_readme(readme, doc) is True  # idempotent: markers still there
+    assert report.write_overhead_page(readme, doc) is True  # idempotent: markers still there
     assert text == readme.read_text()
 
 

@@ -197,12 +197,14 @@ def _unused_pid() -> int:
 
 
 def test_no_traceback_for_internal_paths() -> None:
-    """`python -m pgprobe` with no command is a usage error, one line."""
+    """`python -m pgprobe` with no command is a usage error: the short help that says where
+    to start (issue 32), no traceback."""
     done = subprocess.run(
         [sys.executable, "-m", "pgprobe"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == EXIT_USAGE
-    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("usage: pgprobe") and "start here:" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_ctrl_c_while_finishing_is_said(

@@ -65,7 +65,7 @@ def test_real_documents_evaluate_cleanly_and_in_order(name: str) -> None:
     result = evaluate(doc)
     assert result
     assert not [f for f in result if f.id.startswith("rule-error")]
-    ranks = [(findings.SEVERITIES.index(f.severity), -f.magnitude) for f in result]
+    ranks = [findings.rank_key(f.as_json()) for f in result]
     assert ranks == sorted(ranks)
     for f in result:
         assert f.title and f.next_step and f.severity in findings.SEVERITIES
@@ -80,9 +80,92 @@ def test_real_pgbench_headline() -> None:
 
 
 def test_real_slru_headline() -> None:
+    """The share of active time in row locks (sampled) comes first; then, of the findings
+    without a share of DB time, the most severe: the pg_xact reads."""
     result = evaluate(load("slru"))
-    assert result[0].id == "slru.pg_xact"
-    assert result[0].severity == "high"
+    assert result[0].id == "wait.row-locks" and result[0].share is not None
+    unshared = [f for f in result if f.share is None]
+    assert unshared[0].id == "slru.pg_xact"
+    assert unshared[0].severity == "high"
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranking by share of DB time, and the leads of the next steps.
+
+
+def test_findings_are_ranked_by_share_of_db_time() -> None:
+    """timemodel.json: each finding that explains active time carries its exact share, the
+    largest first whatever its severity (pg_sleep, at most low, above a medium without a
+    share); those without a share follow, most severe first."""
+    doc = load("timemodel")
+    result = evaluate(doc)
+    shares = [f.share for f in result if f.share is not None]
+    assert len(shares) >= 2 and shares == sorted(shares, reverse=True)
+    first_unshared = next(i for i, f in enumerate(result) if f.share is None)
+    assert all(f.share is None for f in result[first_unshared:])
+    rows = _model_rows(doc)
+    row_locks = rows["Lock:transactionid"]["total_us"] + rows["Lock:tuple"]["total_us"]
+    assert one(doc, "wait.row-locks").share == pytest.approx(100 * row_locks / 1e6 / _active_s(doc))
+    # The variant of the issue: 77 % of active time waiting for a CPU, beside a high
+    # finding with no share of DB time: the CPU comes first.
+    moved = rows["Lock:transactionid"]["total_us"]
+    rows["Lock:transactionid"]["total_us"] = 0
+    rows["CPU:runqueue (preempted)"]["total_us"] += moved
+    doc["stats"]["bgwriter"]["checkpoints_req"] = 50
+    got = evaluate(doc)
+    assert got[0].id == "wait.cpu" and got[0].share is not None and got[0].share > 70
+    assert any(f.share is None and f.severity == "high" for f in got[1:])
+
+
+def test_rank_key_orders_shares_then_severity() -> None:
+    docs = [
+        {"id": "a", "severity": "high", "magnitude": 90},
+        {"id": "b", "severity": "low", "share": 12.5},
+        {"id": "c", "severity": "medium", "share": 77.0},
+        {"id": "d", "severity": "info"},
+        {"id": "e", "severity": "medium", "magnitude": "odd", "share": None},
+    ]
+    assert [d["id"] for d in sorted(docs, key=findings.rank_key)] == ["c", "b", "a", "e", "d"]
+
+
+def test_every_lead_has_at_most_twelve_words() -> None:
+    from pgprobe.findings import leads
+
+    for text in leads.all_leads():
+        assert 0 < len(text.split()) <= findings.LEAD_MAX_WORDS, text
+
+
+def _finding_ids_in_the_source() -> set[str]:
+    """The ids the rules build (f-string ids up to their first placeholder, as prefixes)."""
+    from importlib import resources
+
+    ids = set()
+    for path in resources.files("pgprobe.findings").iterdir():
+        if not path.name.endswith(".py"):
+            continue
+        text = path.read_text()
+        ids |= {m for m in re.findall(r'\bid=f?"([^"{]+)', text)}
+        if path.name == "cpu.py":  # _cpu_finding(profile, "snapshots", ...)
+            ids |= {f"cpu.{k}" for k in re.findall(r'profile,\s+"([\w-]+)",', text)}
+        if path.name == "waits.py":  # the families: `return "row-locks", _WaitFamily(`
+            ids |= {f"wait.{k}" for k in re.findall(r'return "([\w-]+)", _WaitFamily', text)}
+    return ids
+
+
+def test_every_finding_kind_has_its_own_lead() -> None:
+    """Every id a rule builds (and every LWLock family) gets a lead of its own, not the
+    default; the leads of findings built on the recorded documents have at most 12 words."""
+    from pgprobe.findings import leads
+    from pgprobe.findings.locks import LWLOCK_FAMILIES
+
+    ids = _finding_ids_in_the_source() | {f"lwlock.{k}" for k in LWLOCK_FAMILIES}
+    assert {"wait.row-locks", "wait.", "cpu.jit", "stats.checkpoints", "nothing"} <= ids, ids
+    for fid in ids:
+        assert leads.lead_of(fid) != leads.DEFAULT_LEAD, fid
+    for name in ("pgbench", "slru", "idle", "timemodel"):
+        for f in evaluate(load(name)):
+            assert f.lead and len(f.lead.split()) <= findings.LEAD_MAX_WORDS, f
+            assert f.as_json()["lead"] == f.lead
 
 
 def test_every_rule_has_a_test() -> None:
@@ -864,9 +947,11 @@ def test_a_failing_rule_becomes_an_info_finding(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_render_text() -> None:
-    text = findings.render_text(evaluate(load("slru")))
-    assert text.startswith("[HIGH] pg_xact reads:")
-    assert "    evidence:  " in text and "    next step: " in text
+    result = evaluate(load("slru"))
+    text = findings.render_text(result)
+    assert text.startswith(f"[{result[0].severity.upper()}] {result[0].title}")
+    assert "    evidence:  " in text and f"    next step: {result[0].lead}\n" in text
+    assert f"    details:   {result[0].next_step}" in text
 
 
 def test_finding_rejects_unknown_severity() -> None:

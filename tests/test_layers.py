@@ -93,6 +93,7 @@ MODULE_LAYERS: tuple[tuple[str, str], ...] = (
     ("pgprobe.cli", "cli"),
     ("pgprobe.__main__", "cli"),
     ("pgprobe.launch", "cli"),
+    ("pgprobe.helptext", "cli"),  # the examples and "start here" that end each --help
     ("pgprobe.sandbox", "cli"),
 )
 

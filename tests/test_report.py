@@ -29,13 +29,16 @@ import pytest
 from browser import ARTIFACTS, headless_chromium
 from helpers import load_triage
 
-from pgprobe.findings import SECTIONS
+from pgprobe import findings as findings_mod
+from pgprobe.findings import LEAD_MAX_WORDS, SECTIONS
+from pgprobe.findings.timemodel import time_model
 from pgprobe.render.flamegraph import XPAD, render_svg
 from pgprobe.render.report import render_html, timeline_svg
 from pgprobe.tools.triage import view
 
 FIXTURES = Path(__file__).parent / "fixtures" / "triage"
 REPORT_SECTIONS = [
+    "overview",
     "findings",
     "timemodel",
     "flame",
@@ -188,6 +191,184 @@ def test_time_model_section_exact_beside_sampled() -> None:
     assert page.text("findings").count("See the time model") >= 1
 
 
+def _computed(name: str) -> dict[str, Any]:
+    """A recorded document with its findings computed now (the recorded ones predate shares)."""
+    doc = load(name)
+    doc.pop("findings", None)
+    return doc
+
+
+def _class_shares(doc: dict[str, Any]) -> dict[str, float]:
+    """Percent of the client backends' active time per wait class, from the JSON rows."""
+    named = ("IO", "Lock", "LWLock", "BufferPin", "IPC", "Client", "Timeout")
+    us: dict[str, float] = {}
+    for r in doc["waits"]["rows"]:
+        if r["category"] in ("on CPU", "runqueue"):
+            cls = r["category"]
+        elif r["category"] == "wait":
+            cls = r["wait_event_type"] if r["wait_event_type"] in named else "other"
+        else:
+            continue
+        us[cls] = us.get(cls, 0.0) + r["total_us"]
+    active = sum(us.values())
+    return {k: 100 * v / active for k, v in us.items() if v > 0}
+
+
+def test_db_time_bar_has_a_segment_per_class_in_proportion() -> None:
+    """timemodel.json: the picture at the top is one stacked bar of the DB time (active time)
+    by wait class: one segment per class with time, its width its share of the JSON's
+    seconds (within 1 px of the 1160 px bar, and 0.5 %), side by side, with a legend; idle
+    time is outside the bar and said beside it."""
+    doc = _computed("timemodel")
+    text = render_html(doc, None)
+    page = Page(text)
+    assert page.errors == []
+    assert text.index('<section id="overview"') < text.index('<section id="findings"')
+    svg = next(
+        a for t, a in page.tags if t == "svg" and a.get("aria-label") == "DB time by wait class"
+    )
+    width = float(str(svg["width"]))
+    segs = [a for t, a in page.tags if t == "rect" and a.get("class") == "seg"]
+    expected = _class_shares(doc)
+    assert [a["data-class"] for a in segs] == [c for c in CLASS_ORDER if c in expected]
+    x = 0.0
+    for a in segs:
+        share = expected[str(a["data-class"])]
+        w = float(str(a["width"]))
+        assert w == pytest.approx(width * share / 100, abs=1.0), a
+        assert 100 * w / width == pytest.approx(share, abs=0.5), a
+        assert float(str(a["x"])) == pytest.approx(x, abs=0.02)
+        assert float(str(a["data-pct"])) == pytest.approx(share, abs=0.01)
+        x += w
+    assert x == pytest.approx(width, abs=1.0)
+    overview = page.text("overview")
+    for cls, share in expected.items():
+        assert f"{share:.1f} %" in overview, cls
+    assert "Lock 71.9 %" in overview and "waiting for a CPU (runqueue)" in overview
+    model = time_model(doc)
+    assert model is not None
+    assert f"DB time: {model.active_s:,.2f} s" in overview
+    assert f"Not in it: {model.idle_s:,.2f} s idle" in overview
+    # a document without a time model says so, and the rest of the report is there
+    _, old = render("pgbench")
+    assert "No time model in this document" in old.text("overview")
+
+
+CLASS_ORDER = ("on CPU", "runqueue", "IO", "Lock", "LWLock", "BufferPin", "IPC", "Client",
+               "Timeout", "other")  # fmt: skip
+
+
+def test_db_time_bar_names_are_text() -> None:
+    """An odd wait event type falls in "other"; no name from the document reaches the SVG
+    but as escaped text."""
+    doc = _computed("timemodel")
+    doc["waits"]["rows"].append(
+        {
+            "category": "wait",
+            "wait_event_type": "<b>x</b>",
+            "wait_event": "<i>y</i>",
+            "total_us": 5e6,
+            "sleeps": 1,
+        }  # fmt: skip
+    )
+    text = render_html(doc, None)
+    assert "<b>x</b>" not in text and "<i>y</i>" not in text
+    page = Page(text)
+    assert page.errors == []
+    segs = [a["data-class"] for t, a in page.tags if t == "rect" and a.get("class") == "seg"]
+    assert segs[-1] == "other"
+
+
+@pytest.mark.parametrize("name", ["timemodel", "pgbench", "slru"])
+def test_findings_in_descending_share_with_short_leads(name: str) -> None:
+    """Findings with a share of DB time first, largest first; the rest after, most severe
+    first; each has its lead (<= 12 words, bold) before the longer advice, folded."""
+    doc = _computed(name)
+    text = render_html(doc, None)
+    page = Page(text)
+    arts = [a for t, a in page.tags if t == "article"]
+    shares = [float(str(a["data-share"])) for a in arts if a.get("data-share") is not None]
+    assert shares == sorted(shares, reverse=True)
+    flags = [a.get("data-share") is not None for a in arts]
+    assert flags == sorted(flags, reverse=True), "a finding with a share after one without"
+    expected = findings_mod.evaluate(doc)
+    assert [a["data-id"] for a in arts] == [f.id for f in expected]
+    leads = re.findall(r'<p class="lead"><span class="k">Next step:</span><b>([^<]*)</b>', text)
+    assert len(leads) == len(arts)
+    for lead in leads:
+        assert 0 < len(lead.split()) <= LEAD_MAX_WORDS, lead
+    more = [a for t, a in page.tags if t == "details" and a.get("class") == "more"]
+    assert len(more) == len(arts) and not any("open" in a for a in more)
+    if name == "timemodel":
+        assert shares and "71.9 % of DB time" in page.text("findings")
+
+
+def test_recorded_findings_are_ranked_too() -> None:
+    """A document's own findings (older: no share, no lead) are ranked as evaluate ranks
+    (shares first, then by severity) and get the lead of their id."""
+    doc = load("idle")
+    doc["findings"] = [
+        {"id": "stats.cache-hit", "severity": "medium", "title": "t1", "next_step": "n1"},
+        {"id": "slru.pg_xact", "severity": "high", "title": "t2", "next_step": "n2"},
+        {
+            "id": "wait.io-read",
+            "severity": "low",
+            "title": "t3",
+            "next_step": "n3",
+            "share": 41.7,
+        },  # fmt: skip
+    ]
+    page = Page(render_html(doc, None))
+    arts = [a["data-id"] for t, a in page.tags if t == "article"]
+    assert arts == ["wait.io-read", "slru.pg_xact", "stats.cache-hit"]
+    text = page.text("findings")
+    assert "41.7 % of DB time" in text
+    assert "See the SimpleLruReadPage callers in the flame graph." in text
+
+
+def test_time_model_rows_under_0_05_pct_are_folded() -> None:
+    """Lines under 0.05 % of active time (0.0 % shown) are folded into one "N more rows" line
+    of a closed <details>; the table above has none of them."""
+    doc = _computed("timemodel")
+    rows = doc["waits"]["rows"]
+    base = next(r for r in rows if r["category"] == "wait")
+    for i in range(13):  # tiny waits, as a real capture has many
+        rows.append({**base, "wait_event_type": "IO", "wait_event": f"Tiny{i}", "total_us": 1.0})
+    model = time_model(doc)
+    assert model is not None
+    small = [c for c in model.components if c.active_pct is not None and c.active_pct < 0.05]
+    assert len(small) >= 14
+    text = render_html(doc, None)
+    page = Page(text)
+    assert page.errors == []
+    tm = page.text("timemodel")
+    assert f"{len(small)} more rows under 0.05 %" in tm
+    folds = [a for t, a in page.tags if t == "details" and a.get("id") == "timemodel-folded"]
+    assert len(folds) == 1 and "open" not in folds[0]
+    table_html = text[text.index('<section id="timemodel"') :]
+    shown = table_html[: table_html.index('id="timemodel-folded"')]
+    assert "Tiny0" not in shown and "0.0%" not in shown
+    folded = table_html[table_html.index('id="timemodel-folded"') : table_html.index("</details>")]
+    assert folded.count("<tr>") == len(small) + 1  # and the head
+
+
+def test_capture_details_are_folded_and_interrupted_only_when_it_was() -> None:
+    doc = _computed("timemodel")
+    for part in ("lwlocks", "hot"):
+        if isinstance(doc.get(part), dict):
+            doc[part]["meta"]["interrupted"] = True  # a part stopped at the window's end
+    doc["meta"]["interrupted"] = False
+    text = render_html(doc, None)
+    page = Page(text)
+    details = [a for t, a in page.tags if t == "details" and a.get("id") == "capture-details"]
+    assert len(details) == 1 and "open" not in details[0]
+    assert "interrupted" not in page.text("capture")
+    doc["meta"]["interrupted"] = True
+    page = Page(render_html(doc, None))
+    assert "The capture was interrupted" in page.text("capture")
+    assert "interrupted True" in page.text("capture")
+
+
 def test_time_model_unavailable_says_why_in_one_line() -> None:
     """A build without the address: one line saying why; the rest of the report is there."""
     warning = "waits left out: /usr/sbin/postgres has no symbol my_wait_event_info"
@@ -228,6 +409,8 @@ def test_terminal_time_model_lines() -> None:
         "time model: unavailable: waits left out: no symbol my_wait_event_info"
     ]
     assert view.time_model_lines(load("pgbench")) == []
+    by_class = view.time_model_lines(load("timemodel"))[1]
+    assert by_class.startswith("  DB time by class: on CPU ") and "Lock 71.9 %" in by_class
 
 
 def test_statements_and_checkpoints_of_pgbench() -> None:
@@ -503,6 +686,29 @@ def test_browser_report_loads_cleanly(driver: Any, report_url: str) -> None:
     # numbers right-aligned
     cell = driver.find_element("css selector", "#lwlocks td.num")
     assert cell.value_of_css_property("text-align") == "right"
+
+
+def test_browser_db_time_bar(driver: Any, tmp_path: Path) -> None:
+    """The DB time bar drawn: each segment's on-screen width is its share of the bar's
+    (within 1 px), the legend beside; a screenshot of the top for a person."""
+    path = tmp_path / "timemodel.html"
+    path.write_text(render_html(_computed("timemodel"), None), encoding="utf-8")
+    open_report(driver, path.as_uri())
+    assert console_problems(driver) == []
+    bar = driver.execute_script(
+        "return document.querySelector('#overview svg').getBoundingClientRect().width"
+    )
+    segs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#overview rect.seg'))"
+        ".map(r => [r.getAttribute('data-pct'), r.getBoundingClientRect().width])"
+    )
+    assert len(segs) >= 3
+    for pct, w in segs:
+        assert w == pytest.approx(bar * float(pct) / 100, abs=1.0)
+    legend = driver.find_elements("css selector", "#overview ul.legend li")
+    assert len(legend) == len(segs) and all(li.is_displayed() for li in legend)
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "triage_report_db_time.png"))
 
 
 def test_browser_timeline_has_bars(driver: Any, report_url: str) -> None:

@@ -1,6 +1,6 @@
-"""The README's "Tested on" table: rendered from a run's matrix, and in the README as such.
+"""docs/support.md's "Tested on" table: rendered from a run's matrix, and in the page as such.
 
-The check that the README's table is exactly what the last CI run found is in
+The check that the page's table is exactly what the last CI run found is in
 .ci/run (`python tests/tested_on.py --check`), after the suite has written it.
 """
 
@@ -32,8 +32,8 @@ def test_render_one_row_per_build_one_column_per_tool() -> None:
     assert rows[1][6 + tested_on.TOOLS.index("flame")] == "not run"
 
 
-def test_readme_table_covers_every_default_build_and_tool() -> None:
-    _, table, _ = tested_on._split_readme(tested_on.README.read_text())
+def test_support_page_table_covers_every_default_build_and_tool() -> None:
+    _, table, _ = tested_on._split_page(tested_on.PAGE.read_text())
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     assert sorted(r[0].strip("`") for r in rows) == sorted(DEFAULT_IDS)
     assert all(len(r) == 6 + len(tested_on.TOOLS) for r in rows)

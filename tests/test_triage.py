@@ -144,6 +144,14 @@ def test_every_section_has_real_data(
     # the finding reads from pg_stat_bgwriter before 17 and from pg_stat_io after.
     ids = [f["id"] for f in doc["findings"]]
     assert "stats.backend-writes" in ids, ids
+    # A normal end (the window's, not Ctrl-C): neither the document nor a part, which
+    # triage stops at the window's end, says interrupted; nor does the report.
+    assert meta["interrupted"] is False
+    for name in ("waits", "lwlocks", "clog_reads", "hot"):
+        if isinstance(doc.get(name), dict):
+            assert doc[name]["meta"]["interrupted"] is False, name
+    capture = triage_run["html"].split('<section id="capture"', 1)[1]
+    assert "interrupted" not in capture
     tested_on("triage", "yes" if pg_build.has_usdt else "yes, without the LWLock table")
 
 
@@ -162,6 +170,7 @@ def test_report_is_one_self_contained_html_file(triage_run: dict[str, Any]) -> N
     parser.feed(html)
     parser.close()
     for section in (
+        "overview",
         "findings",
         "timemodel",
         "flame",
@@ -173,7 +182,9 @@ def test_report_is_one_self_contained_html_file(triage_run: dict[str, Any]) -> N
         "capture",
     ):
         assert section in parser.sections, (section, parser.sections)
-    assert parser.sections.index("findings") == 0  # findings first
+    # where the DB time went (the picture), then the findings
+    assert parser.sections[:2] == ["overview", "findings"]
+    assert 'class="seg"' in html and 'aria-label="DB time by wait class"' in html
     (flame,) = [f for f in parser.iframes if f.get("id") == "flamegraph"]
     assert "<svg" in str(flame.get("srcdoc"))  # the interactive flame graph, inline
     assert parser.svgs >= 1  # the wait-event timeline
@@ -190,7 +201,7 @@ def test_terminal_summary_and_default_report_name(thrashing: PgCluster, tmp_path
     out = done.stdout
     assert out.startswith("pgprobe triage: ")
     assert "pg_xact reads" in out
-    assert "\ntime model (exact): " in out
+    assert "\ntime model (exact): " in out and "\n  DB time by class: " in out
     report = Path(out.strip().splitlines()[-1].removeprefix("report: "))
     try:
         assert report.name.startswith("pgprobe-triage-") and report.suffix == ".html"

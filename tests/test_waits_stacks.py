@@ -9,7 +9,10 @@ frame pointers), on a real cluster, one capture with a backend in pg_sleep(2):
 - per wait event, the stacks add up to the time model's figure of the same capture
   (+- 1 %), and the folded file to the JSON's stacks;
 - the pprof file, read back by `go tool pprof -raw` and `-top`, holds the same off-CPU
-  nanoseconds, pg_sleep's (or Timeout:PgSleep's) cumulative time 2 s +- 2 %.
+  nanoseconds (idle time left out), pg_sleep's (or Timeout:PgSleep's) cumulative time
+  2 s +- 2 %;
+- the SVG leaves idle time out (an idle backend's ClientRead, background processes'
+  Activity:*) and says how much in its subtitle; --idle keeps it.
 With --unwind dwarf (perf's stack copies at sched_switch, joined to bpftrace's sleeps), per
 build: a backend blocked 3 s on a row lock has whole stacks (main ... PostgresMain ...
 ProcSleep ... libc) weighing the blocked UPDATE's wall time +- 2 % and the time model
@@ -131,14 +134,18 @@ def test_off_cpu_stacks_against_pg_sleep_and_the_time_model(
     for event, ns in stacked.items():
         assert ns == pytest.approx(model[event], rel=0.01, abs=2000), event
 
-    # The folded file (microseconds, rooted at the wait event) is the JSON's stacks.
+    # The folded file (microseconds, rooted at the wait event) is the JSON's stacks but the
+    # idle ones (left out without --idle).
     in_file: Counter[str] = Counter()
     for line in folded.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         in_file[stack.split(";", 1)[0]] += int(count)
     assert in_file[PGSLEEP] / 1e6 == pytest.approx(total_s, rel=0.001)
+    drawn = stacks_by_event({"meta": {"stacks": [s for s in doc["meta"]["stacks"]
+                                                 if not s["idle"]]}})  # fmt: skip
+    assert set(in_file) <= set(drawn), (in_file, drawn)
     for event, us in in_file.items():
-        assert us * 1000 == pytest.approx(stacked[event], rel=0.01, abs=50_000), event
+        assert us * 1000 == pytest.approx(drawn[event], rel=0.01, abs=50_000), event
 
 
 def test_pprof_off_cpu_nanoseconds_read_by_go(stacks_cluster: PgCluster, tmp_path: Path) -> None:
@@ -146,7 +153,8 @@ def test_pprof_off_cpu_nanoseconds_read_by_go(stacks_cluster: PgCluster, tmp_pat
     doc, _ = capture(stacks_cluster, path, "pprof")
     types, sums, pids = raw_totals(path)
     assert [t.removesuffix("[dflt]") for t in types] == ["off_cpu/nanoseconds"]
-    assert sums[0] == sum(s["off_cpu_ns"] for s in doc["meta"]["stacks"])
+    # idle time is left out of the profile (not --idle), kept in the JSON, flagged
+    assert sums[0] == sum(s["off_cpu_ns"] for s in doc["meta"]["stacks"] if not s["idle"])
     assert pids  # every sample names its process
     total, _flat, cum = pprof_top(path, "off_cpu")
     assert total == sums[0]
@@ -320,3 +328,86 @@ def test_unwind_without_stacks_is_a_usage_error() -> None:
     done = run_pgprobe(["waits", "--unwind", "dwarf", "-d", "1"])
     assert done.returncode == EXIT_USAGE, done.stderr
     assert "--unwind is for --stacks" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_idle_event_is_the_time_models_idle() -> None:
+    """Idle as the time model counts it: ClientRead between transactions, Activity:* (the
+    postmaster's loop too); ClientRead inside a transaction or of an unknown state is not."""
+    from pgprobe import waitevents
+    from pgprobe.waitevents import backend_state
+
+    major = 15
+    read = waitevents.CLIENT_READ
+    assert stacks.idle_event(major, backend_state.with_state(major, read, "idle"))
+    assert not stacks.idle_event(
+        major, backend_state.with_state(major, read, "idle in transaction")
+    )
+    assert not stacks.idle_event(major, read)  # state not read: unknown, shown
+    assert stacks.idle_event(major, waitevents.shown(waitevents.NONE, postmaster=True))
+    assert not stacks.idle_event(major, waitevents.NONE)  # a backend's kernel I/O
+    walwriter = waitevents.number(major, "Activity", "WalWriterMain")
+    pg_sleep = waitevents.number(major, "Timeout", "PgSleep")
+    assert walwriter is not None and pg_sleep is not None
+    assert stacks.idle_event(major, walwriter) and not stacks.idle_event(major, pg_sleep)
+    a = stacks.OffCpuStack(1, "Activity", "WalWriterMain", ("f",), 30, idle=True)
+    b = stacks.OffCpuStack(2, "Timeout", "PgSleep", ("g",), 20)
+    assert stacks.split_idle([a, b], keep=False) == ([b], 30)
+    assert stacks.split_idle([a, b], keep=True) == ([a, b], 0)
+    assert a.as_json()["idle"] is True
+
+
+def _svg_capture(pg: PgCluster, out: Path, *more: str) -> tuple[dict[str, Any], str, int]:
+    """`pgprobe waits --stacks` (SVG) over a backend idle between transactions and one in
+    pg_sleep(SLEEP_S): (the JSON document, the SVG, the idle backend's pid)."""
+    idle = pg.connect()
+    idle_pid = idle.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    argv = [sys.executable, "-m", "pgprobe", "waits", *pg.conn_args, "-d", "5", "--stacks",
+            "--format", "svg", "-o", str(out), "--json", *more]  # fmt: skip
+    probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=CHECKOUT)  # fmt: skip
+    try:
+        wait_attached(probe)
+        idle.execute("SELECT 1")  # then idle in ClientRead, from a switch-out in the window
+        with pg.connect() as conn:
+            conn.execute(f"SELECT pg_sleep({SLEEP_S})")
+        stdout, stderr = probe.communicate(timeout=120)
+    finally:
+        idle.close()
+    assert probe.returncode == 0, stderr
+    return json.loads(stdout), out.read_text(), int(idle_pid)
+
+
+def _frames(svg: str) -> set[str]:
+    """The frame names of a flame graph SVG (its <title>s: "name (N us, P%)")."""
+    import re
+
+    return {m.rpartition(" (")[0] for m in re.findall(r"<title>([^<]*)</title>", svg)}
+
+
+def test_off_cpu_graph_leaves_idle_time_out_unless_idle(
+    stacks_cluster: PgCluster, tmp_path: Path
+) -> None:
+    """Default: the graph has pg_sleep's stacks but no idle frame (the idle backend's
+    Client:ClientRead, the background processes' Activity:*), and its subtitle says how much
+    idle time was left out, as the JSON (which keeps every stack, flagged idle) does;
+    --idle: the idle frames are in the graph."""
+    doc, svg, idle_pid = _svg_capture(stacks_cluster, tmp_path / "default.svg")
+    meta = doc["meta"]
+    idle = [s for s in meta["stacks"] if s["idle"]]
+    assert any(s["pid"] == idle_pid and s["wait_event"] == "ClientRead" for s in idle), idle
+    assert any(s["wait_event_type"] == "Activity" for s in idle), idle
+    frames = _frames(svg)
+    assert PGSLEEP in frames
+    assert not any(f.startswith(("Activity:", "Client:ClientRead")) for f in frames), frames
+    idle_s = sum(s["off_cpu_ns"] for s in idle) / 1e9
+    assert meta["idle_in_graph"] is False and meta["idle_s"] == pytest.approx(idle_s, abs=1e-5)
+    assert f"idle left out: {idle_s:.3f} s (--idle shows it)" in svg
+    assert "idle time left out" in svg  # the title
+    shown_s = sum(s["off_cpu_ns"] for s in meta["stacks"] if not s["idle"]) / 1e9
+    assert f"off-CPU: {shown_s:.3f} s" in svg
+
+    doc, svg, idle_pid = _svg_capture(stacks_cluster, tmp_path / "idle.svg", "--idle")
+    frames = _frames(svg)
+    assert PGSLEEP in frames and "Client:ClientRead" in frames
+    assert any(f.startswith("Activity:") for f in frames), frames
+    assert "idle left out" not in svg and doc["meta"]["idle_in_graph"] is True

@@ -1,18 +1,18 @@
-"""The README's "Tested on" table, filled from what the test run showed, never by hand.
+"""docs/support.md's "Tested on" table, filled from what the test run showed, never by hand.
 
 During a run (conftest.py hooks): a test parametrized by `pg_build` calls
 tested_on(tool, verdict) with what it showed on that build ("exact",
 "refused: no USDT probes"), usually as its last step; when the test passes the
 verdict goes into the matrix, when it fails after recording the cell says
 FAILED, before recording "not run" (and the run has failed anyway, so CI stops
-before the README check). At the end of the session, with
+before the table's check). At the end of the session, with
 PGPROBE_TESTED_ON=FILE set (.ci/run sets it), the matrix is written to FILE
 as JSON: the builds (version, source, probes, symbols, frame pointers) and
 the cells. The terminal summary also prints the time spent per build.
 
 Then, as a script:
-    python tests/tested_on.py --check FILE   exit 1 when the README's table differs
-    python tests/tested_on.py --write FILE   rewrite the README's table from FILE
+    python tests/tested_on.py --check FILE   exit 1 when docs/support.md's table differs
+    python tests/tested_on.py --write FILE   rewrite docs/support.md's table from FILE
 The table sits between the markers <!-- tested-on:begin --> and <!-- tested-on:end -->.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "support.md"
 BEGIN, END = "<!-- tested-on:begin -->", "<!-- tested-on:end -->"
 TOOLS = (
     "doctor",
@@ -105,33 +105,33 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _split_readme(text: str) -> tuple[str, str, str]:
+def _split_page(text: str) -> tuple[str, str, str]:
     try:
         start = text.index(BEGIN) + len(BEGIN) + 1
         end = text.index(END)
     except ValueError:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} section") from None
+        raise SystemExit(f"docs/support.md has no {BEGIN} ... {END} section") from None
     return text[:start], text[start:end], text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="fail if the README differs")
-    mode.add_argument("--write", action="store_true", help="rewrite the README's table")
+    mode.add_argument("--check", action="store_true", help="fail if docs/support.md differs")
+    mode.add_argument("--write", action="store_true", help="rewrite docs/support.md's table")
     parser.add_argument("matrix", type=Path, help="the JSON a test run wrote (PGPROBE_TESTED_ON)")
     ns = parser.parse_args(argv)
     table = render(json.loads(ns.matrix.read_text()))
-    before, current, after = _split_readme(README.read_text())
+    before, current, after = _split_page(PAGE.read_text())
     if ns.write:
-        README.write_text(before + table + after)
+        PAGE.write_text(before + table + after)
         return 0
     if current != table:
-        print("README.md's 'Tested on' table is not what this run found; this run found:\n")
+        print("docs/support.md's 'Tested on' table is not what this run found; this run found:\n")
         print(table)
         print(f"update it: python tests/tested_on.py --write {ns.matrix}")
         return 1
-    print("README.md's 'Tested on' table matches this run")
+    print("docs/support.md's 'Tested on' table matches this run")
     return 0
 
 

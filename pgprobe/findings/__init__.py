@@ -27,18 +27,22 @@ API
 ---
 
 ``evaluate(doc) -> list[Finding]``
-    Run every rule of ``RULES`` on ``doc`` and return the findings, most severe first (then by
+    Run every rule of ``RULES`` on ``doc`` and return the findings ranked by ``rank_key``: the
+    largest share of DB time first, then those without a share, most severe first (then by
     magnitude). A rule that raises on unexpected data becomes an "info" finding naming the rule
     instead of failing the report. When no rule finds anything about the server (capture
     quality aside), the list holds one "info" finding saying that nothing stands out.
 
-``Finding(id, severity, title, evidence, next_step, magnitude=0.0, section="")``
+``Finding(id, severity, title, evidence, next_step, magnitude=0.0, section="", share=None,
+lead="")``
     ``severity`` is one of ``SEVERITIES`` ("high", "medium", "low", "info"); ``title`` is the
     one-line diagnosis, ``evidence`` the numbers behind it, ``next_step`` what to check or
     change. ``magnitude`` orders findings of equal severity (a percent-like size of the
     problem); ``section`` names the report section holding the data ("timemodel",
-    "lwlocks", "slru", "waits", "cpu", "sql", "capture"). ``as_json()`` gives the dict stored in
-    ``doc["findings"]``.
+    "lwlocks", "slru", "waits", "cpu", "sql", "capture"). ``share`` is the percent of DB time
+    (the client backends' active time) the finding explains, None when it explains no measured
+    part of it; ``lead`` the next step in at most twelve words (``leads.lead_of(id)`` unless
+    given). ``as_json()`` gives the dict stored in ``doc["findings"]``.
 
 ``findings(doc) -> list[Finding]``
     The same as ``evaluate(doc)``.
@@ -55,7 +59,11 @@ API
     Why the section ``name`` of ``doc`` is null: the warnings of ``meta.warnings`` that mention
     it, or "no reason was recorded".
 
-``RULES`` order does not matter: ``evaluate`` sorts by severity, magnitude and id.
+``rank_key(finding_dict)``
+    The order of findings: largest share first, then by severity, magnitude and id (the
+    report sorts a document's findings with it too).
+
+``RULES`` order does not matter: ``evaluate`` sorts with ``rank_key``.
 """
 
 from __future__ import annotations
@@ -65,7 +73,16 @@ from typing import Any
 
 # The area modules register their rules in RULES when imported.
 from pgprobe.findings import capture, cpu, fmt, locks, server_stats, slru, waits  # noqa: F401
-from pgprobe.findings.base import RANK, RULES, SEVERITIES, Doc, Finding, Rule, rule
+from pgprobe.findings.base import (
+    LEAD_MAX_WORDS,
+    RULES,
+    SEVERITIES,
+    Doc,
+    Finding,
+    Rule,
+    rank_key,
+    rule,
+)
 from pgprobe.findings.document import (
     SECTION_TITLES,
     SECTIONS,
@@ -78,8 +95,10 @@ from pgprobe.findings.document import (
     sections_of,
     stats_view,
 )
+from pgprobe.findings.leads import lead_of
 
 __all__ = [
+    "LEAD_MAX_WORDS",
     "RULES",
     "SECTION_TITLES",
     "SECTIONS",
@@ -90,7 +109,9 @@ __all__ = [
     "as_number",
     "evaluate",
     "findings",
+    "rank_key",
     "findings_json",
+    "lead_of",
     "render_text",
     "rule",
     "section_reason",
@@ -144,7 +165,7 @@ def evaluate(doc: Doc) -> list[Finding]:
             )
     if not any(not f.about_capture for f in found):
         found.append(_nothing_stands_out(doc))
-    found.sort(key=lambda f: (RANK[f.severity], -f.magnitude, f.id))
+    found.sort(key=lambda f: rank_key(f.as_json()))
     return found
 
 
@@ -166,5 +187,6 @@ def render_text(findings: Iterable[Finding]) -> str:
         if f.evidence:
             out.append(f"    evidence:  {f.evidence}")
         if f.next_step:
-            out.append(f"    next step: {f.next_step}")
+            out.append(f"    next step: {f.lead}")
+            out.append(f"    details:   {f.next_step}")
     return "\n".join(out) + ("\n" if out else "")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pgprobe.findings import fmt
@@ -22,6 +22,7 @@ from pgprobe.findings.document import (
     section,
     section_rows,
 )
+from pgprobe.findings.timemodel import db_share
 from pgprobe.stacks import function_name
 
 # Below about 2 CPU-seconds of samples (200 at 99 Hz) shares are too rough to act on.
@@ -285,7 +286,7 @@ def cpu_patterns(doc: Doc) -> list[Finding]:
                 "statement or a function; check that clients are close to the server",
             )
         )
-    return out
+    return _with_share(doc, out)
 
 
 _KNOWN_CPU_RX = [_SNAPSHOT_RX, _SPIN_RX, _HASH_RX, _SORT_RX, _JIT_RX, _PARSE_PLAN_RX, _CLIENT_IO_RX]
@@ -323,4 +324,13 @@ def cpu_hot_function(doc: Doc) -> list[Finding]:
                 step,
             )
         )
-    return out
+    return _with_share(doc, out)
+
+
+def _with_share(doc: Doc, found: list[Finding]) -> list[Finding]:
+    """Each finding's share of DB time: its share of the CPU samples times the on-CPU share
+    of the active time (the samples are of the traced processes: an estimate)."""
+    on_cpu = db_share(doc, lambda c: c.category == "on CPU")
+    if on_cpu is None:
+        return found
+    return [replace(f, share=f.magnitude * on_cpu / 100) for f in found]

@@ -8,7 +8,7 @@ what to do. The SLRU families take their remedies from pgprobe.findings.slru.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pgprobe.findings import fmt
 from pgprobe.findings.base import Doc, Finding, rule, severity_of
@@ -21,6 +21,7 @@ from pgprobe.findings.document import (
     section_rows,
 )
 from pgprobe.findings.slru import SLRU_ADVICE, SLRU_REMEDY
+from pgprobe.findings.timemodel import db_share
 from pgprobe.findings.waits import WAIT_LOW_PCT, row_lock_pct
 
 # A tranche family is named when it holds at least this share of all LWLock wait time: below
@@ -239,4 +240,13 @@ def lwlock_tranches(doc: Doc) -> list[Finding]:
                 section="lwlocks",
             )
         )
-    return out
+    return [_with_share(doc, f) for f in out]
+
+
+def _with_share(doc: Doc, f: Finding) -> Finding:
+    """The family's share of DB time: the client backends' LWLock waits on its tranches."""
+    fam = f.id.removeprefix("lwlock.")
+    family = LWLOCK_FAMILIES.get(fam)
+    names = family.tranches if family else frozenset({fam})
+    share = db_share(doc, lambda c: c.wait_event_type == "LWLock" and c.wait_event in names)
+    return replace(f, share=share)

@@ -7,11 +7,17 @@ model. Client:ClientRead is split by the backend's state then (``state``): idle 
 time, idle in transaction (a session that holds its locks and snapshot while its client
 thinks) and active ClientRead are active time, each a line of its own; the sampling counts
 only state 'active' backends, so it has no share to set beside idle in transaction.
+``by_class(model)`` groups the active time by wait class (on CPU, runqueue, IO, Lock,
+LWLock, ..., other): the picture at the top of the report and the summary's line.
+``db_share(doc, which)`` is the share of the active time (DB time) in the components
+``which`` selects: the ``share`` of a finding that explains them (None: no time model, or
+too little active time to share out).
 Used by the wait-event rules (pgprobe.findings.waits), the report and the summary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,3 +125,40 @@ def time_model(doc: Doc) -> TimeModel | None:
 
 def _is_active(row: dict[str, Any]) -> bool:
     return row.get("category") in ("on CPU", "runqueue", "wait")
+
+
+# Under half a backend-second of active time, shares of it say nothing (findings.waits).
+MIN_ACTIVE_S = 0.5
+
+
+def db_share(doc: Doc, which: Callable[[Component], bool]) -> float | None:
+    """Percent of the client backends' active time in the components `which` selects."""
+    model = time_model(doc)
+    if model is None or model.active_s < MIN_ACTIVE_S:
+        return None
+    seconds = sum(c.seconds for c in model.components if c.active_pct is not None and which(c))
+    return min(100.0, 100 * seconds / model.active_s)
+
+
+# The wait classes of the active time, in the order they are drawn; the wait event types
+# not named here (Extension, no wait event set, ...) are "other". Idle time (Client:ClientRead
+# between transactions, Activity:*) is no class of it: it is not DB time.
+CLASSES = ("on CPU", "runqueue", "IO", "Lock", "LWLock", "BufferPin", "IPC", "Client",
+           "Timeout", "other")  # fmt: skip
+
+
+def wait_class(c: Component) -> str:
+    """The class of an active component: on CPU, runqueue, its wait event type, or other."""
+    if c.category in ("on CPU", "runqueue"):
+        return c.category
+    return c.wait_event_type if c.wait_event_type in CLASSES else "other"
+
+
+def by_class(model: TimeModel) -> list[tuple[str, float, float]]:
+    """(class, seconds, percent of active time) of each class with time, in CLASSES order."""
+    seconds = dict.fromkeys(CLASSES, 0.0)
+    for c in model.components:
+        if c.active_pct is not None:
+            seconds[wait_class(c)] += c.seconds
+    total = model.active_s
+    return [(k, v, 100 * v / total) for k, v in seconds.items() if v > 0 and total > 0]

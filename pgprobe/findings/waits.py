@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgprobe import pgversions
-from pgprobe.findings import fmt
+from pgprobe.findings import fmt, timemodel
 from pgprobe.findings.base import Doc, Finding, at_most, rule, severity_of
 from pgprobe.findings.document import activity_samples, as_number, section
 from pgprobe.findings.timemodel import Component, TimeModel, time_model
@@ -33,7 +33,7 @@ CPU_BOUND_PCT = 60.0
 CPU_BOUND_BACKENDS = 1.0
 # Exact time: under half a backend-second of active time in the window (e.g. one query of
 # 0.4 s) is too little to call a share of it a problem of the server.
-WAIT_MIN_ACTIVE_S = 0.5
+WAIT_MIN_ACTIVE_S = timemodel.MIN_ACTIVE_S
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,7 @@ def _family_finding(
             next_step=_lwlock_step(doc, key, fam),
             magnitude=share,
             section=section_id,
+            share=share,
         )
     ]
 
@@ -264,6 +265,7 @@ def _cpu_finding(
             f"compare the active backends with the number of CPUs{step_tail}",
             magnitude=share,
             section=section_id,
+            share=share,
         )
     ]
 

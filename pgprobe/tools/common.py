@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -65,7 +66,23 @@ def _plain(number: float | None) -> str:
 
 
 positive_int = bounded(int, 0, low_open=True)
-duration_value = bounded(float, 0.0, float(MAX_DURATION_S), unit="seconds", low_open=True)
+_seconds = bounded(float, 0.0, float(MAX_DURATION_S), unit="seconds", low_open=True)
+
+
+def duration_value(text: str) -> float:
+    """-d SECONDS; a word there is psql's habit (-d DBNAME), said so."""
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}{_duration_hint(text)}") from None
+
+
+def _duration_hint(text: str) -> str:
+    if re.fullmatch(r"[0-9.]+\s*[A-Za-z]+", text.strip()):  # 10s, 5min
+        return " (seconds, as a plain number: -d 30)"
+    if re.fullmatch(r"[^\s\d.+-][^\s]*", text):
+        return f" (-d is the duration in pgprobe; the database is --dbname {text})"
+    return ""
 
 
 def pid_value(text: str) -> int:

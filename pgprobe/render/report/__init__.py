@@ -15,18 +15,22 @@ API
 ``timeline_svg(activity) -> str`` (the wait-event chart) and ``esc(value) -> str`` (the
 escaping of every value) are public for tests and other renderers.
 
-Sections, in order: the capture facts (header), the findings (severity-coloured, with evidence
-and next step), the time model (the client backends' exact active time per wait event with a bar
-each and pg_stat_activity's sampled share beside it, idle time apart, the whole cluster's model
-folded; ``timemodel``), the flame graph, the LWLock table, the SLRU tables (reads per backend
+Sections, in order: the capture facts (header), where the DB time went (``overview``: the
+client backends' active time as one stacked bar by wait class, inline SVG with a legend;
+``timebar``), the findings (ranked by their share of DB time, then by severity; each with its
+evidence, its next step's lead in bold and the longer advice folded), the time model (the
+client backends' exact active time per wait event with a bar each and pg_stat_activity's
+sampled share beside it, the lines under 0.05 % folded, idle time apart, the whole cluster's
+model folded; ``timemodel``), the flame graph, the LWLock table, the SLRU tables (reads per backend
 and segment file from the probe, and the pg_stat_slru deltas), the wait events (a stacked bar
 chart of active backends per pg_stat_activity sample, drawn as inline SVG, and the wait profile
 table), the top functions, the SQL statistics deltas (database, bgwriter/checkpointer, WAL,
-statements), and the capture details and warnings. A section whose data is null says
+statements), and the warnings with the capture details folded. A section whose data is null says
 ``unavailable: <reason>``, the reason taken from ``meta.warnings``.
 
 Where things are: ``sections`` and ``sql`` shape each section's data (numbers written out,
-rows as ``cells.Table``); ``timeline`` computes the chart's geometry; ``templating`` holds
+rows as ``cells.Table``); ``timeline`` computes the chart's geometry, ``timebar`` the DB time
+bar's; ``templating`` holds
 the Jinja2 environment and the escaping; the markup is in ``templates/`` (``report.html``
 includes one template per section; ``macros.html`` draws tables, notes and details) and the
 stylesheets in ``assets/``, read when a report is rendered.
@@ -54,6 +58,7 @@ from pgprobe import __version__
 from pgprobe.render.report import sections
 from pgprobe.render.report.sql import sql
 from pgprobe.render.report.templating import Markup, asset, esc, render
+from pgprobe.render.report.timebar import time_bar
 from pgprobe.render.report.timeline import timeline_svg
 from pgprobe.render.report.timemodel import time_model_section
 
@@ -65,6 +70,7 @@ CSP = (
     "base-uri 'none'"
 )
 NAV = [
+    ("overview", "DB time"),
     ("findings", "Findings"),
     ("timemodel", "Time model"),
     ("flame", "Flame graph"),
@@ -89,6 +95,7 @@ def render_html(doc: Mapping[str, Any], flame_svg: str | None) -> str:
         css=asset("report.css"),
         nav=NAV,
         header=sections.header(doc),
+        overview=time_bar(doc),
         findings=sections.findings_section(doc),
         timemodel=time_model_section(doc),
         flame=sections.flame(doc, flame_svg),

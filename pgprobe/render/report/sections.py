@@ -103,20 +103,31 @@ def _findings_of(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return findings.findings_json(doc)
 
 
+def _share_text(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return f"{value:.1f} % of DB time"
+
+
 def findings_section(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The findings ranked by their share of DB time (findings.rank_key), each with its lead."""
     items = []
     counts: dict[str, int] = {}
-    for f in _findings_of(doc):
+    for f in sorted(_findings_of(doc), key=findings.rank_key):
         raw = str(f.get("severity", "info"))
         counts[raw] = counts.get(raw, 0) + 1
         sev = raw if raw in SEVERITY_LABELS else "info"
+        fid = str(f.get("id") or "")
         items.append(
             {
                 "severity": sev,
                 "label": SEVERITY_LABELS[sev],
-                "id": f.get("id", ""),
+                "id": fid,
                 "title": f.get("title", ""),
+                "share": _share_text(f.get("share")),
+                "share_value": f.get("share") if _share_text(f.get("share")) else None,
                 "evidence": f.get("evidence") or "",
+                "lead": str(f.get("lead") or "") or findings.lead_of(fid),
                 "next_step": f.get("next_step") or "",
                 "link": SECTION_LINKS.get(str(f.get("section") or "")),
             }
@@ -351,6 +362,9 @@ def cpu(doc: Mapping[str, Any]) -> dict[str, Any]:
 # Capture details and warnings.
 
 _META_SKIP = {"warnings", "slru_stats"}
+# Each part's own "interrupted" is triage asking it to stop at the window's end: only the
+# document's (Ctrl-C or SIGTERM) says whether the capture was interrupted.
+_PART_SKIP = _META_SKIP | {"interrupted"}
 
 
 def capture(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -365,8 +379,13 @@ def capture(doc: Mapping[str, Any]) -> dict[str, Any]:
     for name in ("lwlocks", "clog_reads", "hot"):
         sec_meta = meta_of(section(doc, name))
         if sec_meta:
-            pairs = kv((k, v) for k, v in sec_meta.items() if k not in _META_SKIP)
+            pairs = kv((k, v) for k, v in sec_meta.items() if k not in _PART_SKIP)
             parts.append((findings.SECTION_TITLES[name], pairs))
+    pairs = kv(
+        (k, v)
+        for k, v in meta.items()
+        if k not in _META_SKIP and not (k == "interrupted" and not v)
+    )
     return {
         "warnings": warnings,
         "missing": [
@@ -374,6 +393,8 @@ def capture(doc: Mapping[str, Any]) -> dict[str, Any]:
             for n in findings.sections_of(doc)
             if doc.get(n) is None
         ],
-        "meta": kv((k, v) for k, v in meta.items() if k not in _META_SKIP),
+        "meta": pairs,
         "parts": parts,
+        "interrupted": meta.get("interrupted") is True,
+        "count": len(pairs) + sum(len(p) for _, p in parts),
     }

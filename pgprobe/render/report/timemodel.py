@@ -2,8 +2,9 @@
 
 From pgprobe.findings.waits.time_model (the document's ``waits`` section): the active time
 (on CPU, runqueue, each wait event) as a table with a bar per line and, beside each line,
-the share pg_stat_activity's sampling saw (the cross-check); idle time apart; the whole
-cluster's model (background processes too) folded away below.
+the share pg_stat_activity's sampling saw (the cross-check), the lines under
+``FOLD_BELOW_PCT`` folded into one "N more rows" line; idle time apart; the whole cluster's
+model (background processes too) folded away below.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ CLUSTER_COLS = [
     Col("share_pct", "Share of process time", "share"),
     Col("sleeps", "Sleeps", "int"),
 ]
+
+
+# Lines of the active time under this share show as 0.0 %: folded under one line.
+FOLD_BELOW_PCT = 0.05
 
 
 def _secs(value: float) -> float:
@@ -80,6 +85,8 @@ def time_model_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     sec: Mapping[str, Any] = doc.get("waits") or {}
     meta: Mapping[str, Any] = sec.get("meta") or {}
     active = [c for c in model.components if c.active_pct is not None]
+    small = [c for c in active if (c.active_pct or 0.0) < FOLD_BELOW_PCT]
+    shown = [c for c in active if c not in small]
     rest = [c for c in model.components if c.active_pct is None]
     backend_s = model.backend_s or 1.0
     cluster = [r for r in sec.get("cluster_rows") or [] if isinstance(r, dict)]
@@ -94,9 +101,14 @@ def time_model_section(doc: Mapping[str, Any]) -> dict[str, Any]:
         "samples": model.samples,
         "active": table(
             ACTIVE_COLS,
-            [_active_row(c) for c in active],
-            empty="no client backend was seen in the window",
+            [_active_row(c) for c in shown],
+            empty="no client backend was seen in the window"
+            if not active
+            else f"every line is under {FOLD_BELOW_PCT} % of the active time",
         ),
+        "folded": len(small),
+        "fold_below": FOLD_BELOW_PCT,
+        "small": table(ACTIVE_COLS, [_active_row(c) for c in small], empty=""),
         "idle": table(
             IDLE_COLS,
             [

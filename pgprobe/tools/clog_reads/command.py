@@ -18,7 +18,7 @@ from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.literal import literal
 from pgprobe.pgstats import SlruStats
 from pgprobe.stacks import fold, write_folded
-from pgprobe.tools import common, pprof_export, profiling
+from pgprobe.tools import aliases, common, pprof_export, profiling
 from pgprobe.tools.clog_reads import stacks, view
 from pgprobe.tools.clog_reads.probe import (
     MODE_AGGREGATE,
@@ -48,6 +48,7 @@ from pgprobe.tools.clog_reads.records import (
 from pgprobe.tools.clog_reads.stacks import DwarfStacks, StackNamer
 
 NAME = "clog-reads"
+FORMATS = ("folded", "pprof")
 
 
 def add_parser(sub: Any) -> None:
@@ -75,23 +76,29 @@ def add_parser(sub: Any) -> None:
         help="also count the user stack of each read and show the top code paths",
     )
     parser.add_argument(
-        "--folded",
-        metavar="FILE",
-        help="with --stacks: write the read stacks as FlameGraph folded stacks to FILE "
-        "(render with `pgprobe flame --from FILE`)",
+        "--format",
+        choices=FORMATS,
+        action=aliases.OneValue,
+        help="with --stacks: the file -o writes: folded (FlameGraph folded stacks, for "
+        "`pgprobe flame --from FILE`; the default) or pprof (reads per stack and pid, gzipped "
+        "profile.proto for go tool pprof, Pyroscope, Parca; -o FILE.pb.gz implies it)",
     )
     parser.add_argument(
-        "--pprof", metavar="FILE", help="with --stacks: write the reads per stack and pid as a "
-        "pprof profile (gzipped profile.proto, for go tool pprof, Pyroscope, Parca) to FILE",
+        "-o", "--output", metavar="FILE", action=aliases.OneValue,
+        help="write the read stacks to FILE, as --format says (implies --stacks)",
     )  # fmt: skip
+    # The old spellings: --folded FILE is --format folded -o FILE, --pprof FILE likewise.
+    for fmt in FORMATS:
+        aliases.add_alias(parser, f"--{fmt}", dest="output", metavar="FILE",
+                         action=aliases.OutputAs, const=fmt)  # fmt: skip
     parser.add_argument(
         "--source",
         choices=SOURCES,
         help="uprobe (default): a uprobe on pgstat_count_slru_page_read, where PostgreSQL "
-        "counts the read; free when nothing misses, but a trap of ~16 us of CPU per read "
-        "(about 16 %% of a CPU at 10,000 reads/s). syscalls: follows open/pread/close of "
-        "every process (~0.1 us per system call, whether or not it is an SLRU read) and "
-        "adds segment files, bytes and latency; --trace needs it",
+        "counts the read; free when nothing misses, but a trap per read, which adds up when "
+        "many reads miss. syscalls: follows open/pread/close of every process (a small cost "
+        "per system call, whether or not it is an SLRU read) and adds segment files, bytes "
+        "and latency; --trace needs it. Their costs: see docs/clog-reads.md",
     )
     parser.add_argument(
         "--trace", action="store_true", help="print every read as it happens (like rsnoop; "
@@ -122,8 +129,8 @@ class Session:
     source: str = "uprobe"
     mask: int | None = None  # the uprobe script's INDEX_MASK (1 << pg_stat_slru row)
     dwarf: DwarfStacks | None = None  # --stacks with --unwind dwarf: perf's stacks
-    folded: dict[str, int] = field(default_factory=dict)  # every snapshot's stacks, for --folded
-    all_stacks: list[StackRow] = field(default_factory=list)  # every snapshot's, for --pprof
+    folded: dict[str, int] = field(default_factory=dict)  # every snapshot's, for folded
+    all_stacks: list[StackRow] = field(default_factory=list)  # every snapshot's, for pprof
     closing: dict[str, dict[str, Any]] | None = None  # pg_stat_slru when the probes stopped
 
     def keep(self, pid: int) -> bool:
@@ -225,12 +232,12 @@ class Session:
                     common.warn(line)
 
     def _write_files(self, info: RunInfo) -> None:
-        if self.ns.folded:
-            write_folded(self.ns.folded, self.folded)
-        if self.ns.pprof:
+        if self.ns.format == "folded":
+            write_folded(self.ns.output, self.folded)
+        elif self.ns.format == "pprof":
             profile = pprof_export.reads_profile(self.all_stacks, self.targets, self.describe,
                                                  info.duration_seconds)  # fmt: skip
-            pprof_export.write(self.ns.pprof, profile)
+            pprof_export.write(self.ns.output, profile)
 
     def _add_dwarf_stacks(self, snapshot: Snapshot) -> None:
         """perf's unwound stacks as the final snapshot's read_stacks (said if perf failed)."""
@@ -255,13 +262,24 @@ class Session:
             common.warn(f"{cut:,} read stacks stopped early ({'; '.join(reasons)})")
 
 
+def stacks_file(ns: argparse.Namespace) -> None:
+    """--format/-o: where the read stacks go (-o implies --stacks), checked before the
+    capture; ns.format is then the file's format, or None when there is no file."""
+    if ns.format and not ns.output:
+        raise PgprobeError(f"--format {ns.format} needs -o FILE (stdout holds the table)",
+                           EXIT_USAGE)  # fmt: skip
+    if not ns.output:
+        return
+    if ns.output == "-":
+        raise PgprobeError("-o -: stdout holds the table: give -o FILE", EXIT_USAGE)
+    ns.stacks = True
+    ns.format = ns.format or ("pprof" if pprof_export.wants_pprof(ns.output) else "folded")
+    outfile.check(ns.output, "-o")
+
+
 def run(ns: argparse.Namespace) -> int:
     common.check_interval(ns)
-    if ns.folded or ns.pprof:
-        ns.stacks = True
-    for option, path in (("--folded", ns.folded), ("--pprof", ns.pprof)):
-        if path:
-            outfile.check(path, option)
+    stacks_file(ns)
     if ns.stacks and ns.trace:
         raise PgprobeError("--stacks and --trace cannot be combined: choose one", EXIT_USAGE)
     if ns.trace and ns.source == "uprobe":

@@ -74,8 +74,8 @@ def check_compiled_waits() -> Check:
     name, fallback = "waits compiled", "waits runs bpf/waits.bt, about twice the cost per switch"
     path = compiled.object_path()
     if path is None:
-        return Check(name, "warn", f"bpf/build/waits.bpf.o is not built: {fallback}",
-                     "sudo scripts/build-bpf (needs clang and libbpf-dev)")  # fmt: skip
+        return Check(name, "warn", f"{compiled.not_built()}: {fallback}",
+                     compiled.how_to_build())  # fmt: skip
     if why := libbpf.unavailable():
         return Check(name, "warn", f"{why}: {fallback}")
     try:

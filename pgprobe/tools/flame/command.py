@@ -15,7 +15,7 @@ from typing import Any
 
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.render import flamegraph
-from pgprobe.tools import common, pprof_export, profiling
+from pgprobe.tools import aliases, common, pprof_export, profiling
 from pgprobe.tools.flame.output import check_output, write
 from pgprobe.tools.flame.records import json_rows
 from pgprobe.tools.flame.view import NAME, render_folded_file, render_profile
@@ -40,15 +40,18 @@ def add_parser(sub: Any) -> None:
     out.add_argument(
         "--format",
         choices=FORMATS,
+        action=aliases.OneValue,
         help="svg (default), folded (FlameGraph folded stacks), speedscope (JSON) or pprof "
         "(gzipped profile.proto for go tool pprof, Pyroscope, Parca; -o FILE.pb.gz implies it)",
     )
-    out.add_argument("--folded", action="store_true", help="same as --format folded")
+    aliases.add_alias(out, "--folded", dest="format", action=aliases.OneValue, nargs=0,
+                      const="folded")  # fmt: skip
     out.add_argument(
-        "--per-backend",
-        action="store_true",
-        help="root each stack at a frame naming its backend (pid, type, application)",
+        "--by",
+        choices=["pid"],
+        help="pid: root each stack at a frame naming its backend (pid, type, application)",
     )
+    aliases.add_alias(out, "--per-backend", dest="by", action="store_const", const="pid")
     out.add_argument("--title", help="the flame graph's title")
     out.add_argument(
         "--minwidth",
@@ -70,13 +73,11 @@ def add_parser(sub: Any) -> None:
 
 
 def output_format(ns: argparse.Namespace) -> str:
-    if ns.folded and ns.format not in (None, "folded"):
-        raise PgprobeError(f"--folded contradicts --format {ns.format}", EXIT_USAGE)
-    if ns.json and (ns.format or ns.folded):
-        raise PgprobeError("--json is a format of its own: drop --format/--folded", EXIT_USAGE)
-    if not ns.format and not ns.folded and pprof_export.wants_pprof(ns.output):
+    if ns.json and ns.format:
+        raise PgprobeError("--json is a format of its own: drop --format", EXIT_USAGE)
+    if not ns.format and pprof_export.wants_pprof(ns.output):
         return "pprof"
-    return "folded" if ns.folded else ns.format or "svg"
+    return str(ns.format or "svg")
 
 
 def check_from(ns: argparse.Namespace) -> None:
@@ -88,7 +89,7 @@ def check_from(ns: argparse.Namespace) -> None:
         "--user": ns.user,
         "--application": ns.application,
         "--kernel": ns.kernel,
-        "--per-backend": ns.per_backend,
+        "--by": ns.by,
         "--json": ns.json,
     }
     given = [name for name, value in tracing_only.items() if value]
@@ -103,7 +104,7 @@ def run(ns: argparse.Namespace) -> int:
         check_output(ns, fmt)
         return render_file(ns, fmt)
     check_output(ns, fmt)
-    profile = profiling.collect(ns, names_at_end=ns.per_backend or ns.json)
+    profile = profiling.collect(ns, names_at_end=ns.by == "pid" or ns.json)
     if ns.json:
         common.print_json(NAME, profile.meta(), json_rows(profile))
     elif fmt == "pprof":

@@ -22,6 +22,6 @@ def check_output(ns: argparse.Namespace, fmt: str) -> None:
 
 
 def write(ns: argparse.Namespace, text: str) -> None:
-    """-o FILE (written whole: pgprobe.outfile), or stdout. --per-backend names each
+    """-o FILE (written whole: pgprobe.outfile), or stdout. --by pid names each
     backend's application: such a file is private (0600)."""
-    outfile.write(ns.output, text, private=bool(getattr(ns, "per_backend", False)))
+    outfile.write(ns.output, text, private=getattr(ns, "by", None) == "pid")

@@ -27,7 +27,7 @@ def default_title(profile: profiling.Profile) -> str:
 
 def render_profile(ns: argparse.Namespace, fmt: str, profile: profiling.Profile) -> str:
     if fmt == "speedscope":
-        if ns.per_backend:
+        if ns.by == "pid":
             profiles: Mapping[str, Mapping[str, int]] = {
                 profile.backend_frame(pid): stacks
                 for pid, stacks in sorted(profile.folded_by_pid().items())
@@ -35,10 +35,10 @@ def render_profile(ns: argparse.Namespace, fmt: str, profile: profiling.Profile)
         else:
             profiles = {ns.title or default_title(profile): profile.folded()}
         return flamegraph.render_speedscope(profiles, name=ns.title or NAME, hz=profile.hz)
-    folded = profile.folded(per_backend=ns.per_backend)
+    folded = profile.folded(per_backend=ns.by == "pid")
     if fmt == "folded":
         return flamegraph.folded_file(format_folded(folded))
-    roots = {profile.backend_frame(pid) for pid in profile.pids} if ns.per_backend else set()
+    roots = {profile.backend_frame(pid) for pid in profile.pids} if ns.by == "pid" else set()
     return flamegraph.render_svg(
         folded,
         title=ns.title or default_title(profile),

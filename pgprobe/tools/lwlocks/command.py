@@ -12,7 +12,6 @@ from pgprobe.tools import common
 from pgprobe.tools.lwlocks import guard, view
 from pgprobe.tools.lwlocks.probe import (
     DEFAULT_MAX_FIRES_PER_S,
-    FIRE_COST_US,
     MAX_FIRES_LIMIT,
     SCHED,
     USDT,
@@ -63,12 +62,11 @@ def add_parser(sub: Any) -> None:
         type=common.bounded(int, 0, MAX_FIRES_LIMIT, unit="probe fires per second"),
         default=DEFAULT_MAX_FIRES_PER_S,
         metavar="N",
-        help=f"usdt source: stop early (keeping what was collected) when the LWLock "
-        f"probes fire more than N times in a second (two fires per wait, about "
-        f"{FIRE_COST_US} us of CPU each on a 2-CPU VM, paid while the probes are attached): "
-        f"the default {DEFAULT_MAX_FIRES_PER_S:,} bounds the cost to about "
-        f"{DEFAULT_MAX_FIRES_PER_S * FIRE_COST_US / 1e4:.1f} %% of one CPU; 0: no guard. "
-        "The sched source costs per context switch, not per wait, and has no guard",
+        help="usdt source: stop early (keeping what was collected) when the LWLock "
+        "probes fire more than N times in a second (two fires per wait, each paid in CPU "
+        f"while the probes are attached): the default {DEFAULT_MAX_FIRES_PER_S:,} bounds "
+        "that cost (see docs/lwlocks.md); 0: no guard. The sched source costs per context "
+        "switch, not per wait, and has no guard",
     )
     parser.set_defaults(run=run)
 

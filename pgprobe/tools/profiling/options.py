@@ -7,7 +7,7 @@ import argparse
 from pgprobe.engines.base import (
     MapSpec,
 )
-from pgprobe.tools import common
+from pgprobe.tools import aliases, common
 from pgprobe.unwind import choose
 
 SCRIPT = "profile"  # bpf/profile.bt
@@ -45,10 +45,16 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HZ",
         help=f"samples per second per CPU (default {DEFAULT_HZ}; 1-{MAX_HZ})",
     )
+    add_hz_alias(parser)
     parser.add_argument(
         "--kernel", action="store_true", help="kernel stacks too (frames named from kallsyms)"
     )
     add_unwind_argument(parser)
+
+
+def add_hz_alias(parser: argparse.ArgumentParser) -> None:
+    """--hz, the old spelling of -F/--frequency (hidden)."""
+    aliases.add_alias(parser, "--hz", dest="hz", type=hz_value, metavar="HZ")
 
 
 def add_unwind_argument(parser: argparse.ArgumentParser) -> None:

@@ -115,6 +115,7 @@ def add_parser(sub: Any) -> None:
         metavar="HZ",
         help=f"CPU samples per second per CPU (default {DEFAULT_HZ})",
     )
+    profiling.add_hz_alias(parser)
     parser.add_argument(
         "--waits-duty",
         type=duty_value,
@@ -130,7 +131,8 @@ def add_parser(sub: Any) -> None:
         default="sched",
         help="where the LWLock metrics come from: sched (default) the time model's LWLock "
         "sleeps, at no cost of their own (sleeps, not waits; mode unknown); usdt the server's "
-        "USDT probes, exact waits with their mode, ~17 us per wait (--enable-dtrace builds)",
+        "USDT probes, exact waits with their mode, at a cost per wait (--enable-dtrace "
+        "builds; see docs/serve.md)",
     )
     parser.add_argument(
         "--engine", choices=["auto", "bpftrace"], default="auto", help="tracer (bpftrace only)"

@@ -42,11 +42,14 @@ def add_parser(sub: Any) -> None:
     common.add_tracing_arguments(parser, default_duration=DEFAULT_DURATION_S)
     parser.add_argument(
         "-F",
-        "--hz",
+        "--frequency",
+        dest="hz",
         type=profiling.hz_value,
         default=profiling.DEFAULT_HZ,
-        help=f"CPU sampling rate (default {profiling.DEFAULT_HZ})",
+        metavar="HZ",
+        help=f"CPU samples per second per CPU (default {profiling.DEFAULT_HZ})",
     )
+    profiling.add_hz_alias(parser)
     profiling.add_unwind_argument(parser)
     parser.add_argument(
         "-o",

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pgprobe import findings
-from pgprobe.findings.timemodel import time_model
+from pgprobe.findings.timemodel import by_class, time_model
 from pgprobe.literal import literal
 from pgprobe.tools import common
 
@@ -28,7 +28,8 @@ def time_model_lines(doc: dict[str, Any]) -> list[str]:
     active = [c for c in model.components if c.active_pct is not None and c.seconds > 0]
     if not active:
         return [head, "  no client backend was active in the window"]
-    lines = [head]
+    classes = ", ".join(f"{name} {pct:.1f} %" for name, _, pct in by_class(model))
+    lines = [head, f"  DB time by class: {classes}"]
     for c in sorted(active, key=lambda c: -c.seconds)[:MODEL_LINES]:
         sampled = f"   sampled {c.sampled_pct:5.1f} %" if c.sampled_pct is not None else ""
         lines.append(
@@ -51,13 +52,17 @@ def print_summary(doc: dict[str, Any], output: Path | None) -> None:
     if model:
         print()
         print("\n".join(literal(line) for line in model))
-    for finding in doc["findings"]:
+    for finding in sorted(doc["findings"], key=findings.rank_key):
         print()
-        print(literal(f"[{finding['severity'].upper()}] {finding['title']}"))
+        share = finding.get("share")
+        of_db = f" ({share:.1f} % of DB time)" if isinstance(share, (int, float)) else ""
+        print(literal(f"[{finding['severity'].upper()}]{of_db} {finding['title']}"))
         if finding.get("evidence"):
             print(literal(f"  evidence: {finding['evidence']}"))
         if finding.get("next_step"):
-            print(literal(f"  next: {finding['next_step']}"))
+            lead = finding.get("lead") or findings.lead_of(str(finding.get("id") or ""))
+            print(literal(f"  next: {lead}"))
+            print(literal(f"        {finding['next_step']}"))
     for warning in meta["warnings"]:
         common.warn(warning)
     if output is not None:

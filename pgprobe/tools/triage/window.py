@@ -105,6 +105,10 @@ def capture_window(
             warnings.append(f"{part.name} produced nothing: {why}")
             continue
         snapshot, info = part.final
+        # Triage stops every part at the window's end through request_stop, which a tool
+        # records as interrupted: only Ctrl-C or SIGTERM interrupt the window (the parts'
+        # meta, the flame graph's subtitle).
+        info.interrupted = ran.interrupted
         section = part.section(snapshot, info)
         losses[part.name] = info.lost_events + info.failed_map_updates + section.pop("_lost", 0)
         if info.ended_early:

@@ -258,8 +258,16 @@ def emit_stacks(
 def output_format(ns: argparse.Namespace) -> str | None:
     """The stacks' format, or None without --stacks (checked before the capture)."""
     if not ns.stacks:
-        if ns.format or ns.output or ns.unwind:
-            flag = "--format" if ns.format else "-o" if ns.output else "--unwind"
+        if ns.format or ns.output or ns.unwind or ns.idle:
+            flag = (
+                "--format"
+                if ns.format
+                else "-o"
+                if ns.output
+                else "--unwind"
+                if ns.unwind
+                else "--idle"
+            )
             offcpu.raise_usage(f"{flag} is for --stacks")
         return None
     fmt: str = ns.format or ("pprof" if pprof_export.wants_pprof(ns.output) else "svg")

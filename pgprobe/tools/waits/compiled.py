@@ -5,9 +5,10 @@ when a process of ours goes to sleep, or is preempted) and writes waits.bt's out
 at a fraction of its cost per context switch (docs/benchmarks.md). Its @task entries are
 turned into waits.bt's here, the interval still open at a read closed on /proc's counters
 (_closed), so records.py reads either the same way. It is used when scripts/build-bpf has
-built it and this kernel loads it (raw BTF tracepoints and task storage, Linux 5.13+ with
-BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line. `--engine bpftrace`
-asks for the script."""
+built it (in a checkout), or the wheel carries it (hatch_build.py compiles it into the
+wheel: pgprobe/bpf/build/), and this kernel loads it (raw BTF tracepoints and task storage,
+Linux 5.13+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line.
+`--engine bpftrace` asks for the script."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgprobe import engines, proc, waitevents
+from pgprobe import engines, proc, scripts, waitevents
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
 from pgprobe.engines.compiled import CompiledCapture
@@ -30,7 +31,7 @@ from pgprobe.tools.waits import records
 from pgprobe.waitevents import address as waitevents_address
 from pgprobe.waitevents import backend_state
 
-OBJECT = "build/waits.bpf.o"  # under bpf/, built by scripts/build-bpf
+OBJECT = "build/waits.bpf.o"  # under bpf/: scripts/build-bpf, or the wheel's (pgprobe/bpf/)
 WINDOW, REFUSED = 0, 1  # the object's `scalars` slots
 # The object's @task states (bpf/waits.bpf.c): not asleep then (a fork); a switch-out into
 # a sleep; pgprobe's seed: asleep with no run since, or not (running or runnable).
@@ -53,10 +54,29 @@ _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
 
 
 def object_path() -> Path | None:
+    """The object: the installed wheel's (pgprobe/bpf/build/), or the checkout's (bpf/build/)."""
     try:
         return script_path("bpf", OBJECT)
     except PgprobeError:
         return None
+
+
+def not_built() -> str:
+    """Why there is no object, in one line: where it would come from here."""
+    if scripts.installed():
+        return (f"bpf/{OBJECT} is not built (the installed wheel lacks it: built with "
+                "PGPROBE_WHEEL_BPF=0, without clang)")  # fmt: skip
+    return f"bpf/{OBJECT} is not built (scripts/build-bpf builds it with clang)"
+
+
+def how_to_build() -> str:
+    """What makes the object here: doctor's fix."""
+    if scripts.installed():
+        return (
+            "install a wheel built where clang and libbpf-dev are (not with "
+            "PGPROBE_WHEEL_BPF=0), or run pgprobe from a checkout after scripts/build-bpf"
+        )
+    return "sudo scripts/build-bpf (needs clang and libbpf-dev)"
 
 
 def why_not(ns: argparse.Namespace) -> str | None:
@@ -66,7 +86,7 @@ def why_not(ns: argparse.Namespace) -> str | None:
     if getattr(ns, "engine", "auto") == "bpftrace":
         return ""  # asked for the script
     if object_path() is None:
-        return "bpf/build/waits.bpf.o is not built (scripts/build-bpf builds it with clang)"
+        return not_built()
     return libbpf.unavailable()
 
 

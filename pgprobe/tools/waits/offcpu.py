@@ -12,6 +12,8 @@ are walked is ``--unwind`` (the rule of flame's, pgprobe.unwind.choose):
   build, at the cost of the copy.
 A stack that stops short of its process's first function ends in a
 ``[truncated: why]`` frame and is counted in one stderr line.
+Idle time (stacks.idle_event: ClientRead between transactions, Activity:*) is
+named and flagged here, and left out of the graph unless ``--idle``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pgprobe.tools.profiling.naming import _module_lacks_fp  # the profiling too
 from pgprobe.tools.profiling.sampling import _Ticking  # a capture that also ticks a hook
 from pgprobe.tools.waits import dwarfstacks, probe
 from pgprobe.tools.waits.records import ProcessTime
-from pgprobe.tools.waits.stacks import NO_STACK, OffCpuStack, RawSleep, raw_sleeps
+from pgprobe.tools.waits.stacks import NO_STACK, OffCpuStack, RawSleep, idle_event, raw_sleeps
 from pgprobe.unwind import choose, truncation
 from pgprobe.unwind.fpcheck import lacks_frame_pointers
 
@@ -59,6 +61,8 @@ class StackNamer:
         self.sleeps = self.matched = 0  # dwarf: sleeps charged, and those with perf's stack
         self.widest_ns = 0  # dwarf: the widest join of a sleep to perf's sample
         self.no_stack: dict[str, int] = {}  # why -> off-CPU ns without a stack
+        self.keep_idle = False  # --idle: idle time stays in the graph (offcpu.start sets it)
+        self.idle_ns = 0  # the idle off-CPU ns of the named stacks
 
     def tick(self) -> None:
         if self.watcher is not None:
@@ -98,8 +102,10 @@ class StackNamer:
         out = []
         postmaster = self.targets.cluster.postmaster_pid
         for (pid, wei, names), ns in merged.items():
-            kind, event = waitevents.name(major, waitevents.shown(wei, pid == postmaster))
-            out.append(OffCpuStack(pid, kind, event, names, ns))
+            shown = waitevents.shown(wei, pid == postmaster)
+            kind, event = waitevents.name(major, shown)
+            out.append(OffCpuStack(pid, kind, event, names, ns, idle_event(major, shown)))
+        self.idle_ns = sum(s.ns for s in out if s.idle)
         return sorted(out, key=lambda s: (-s.ns, s.pid, s.frames))
 
     def _frames(self, pid: int, stack: object, weight: int) -> list[Frame]:
@@ -138,7 +144,9 @@ class StackNamer:
 
     def facts(self) -> dict[str, Any]:
         """How the stacks were walked (and, in dwarf mode, what it recorded and cost)."""
-        out: dict[str, Any] = {"unwind": self.unwind, "unwind_reason": self.unwind_reason}
+        out: dict[str, Any] = {"unwind": self.unwind, "unwind_reason": self.unwind_reason,
+                               "idle_in_graph": self.keep_idle,
+                               "idle_s": round(self.idle_ns / 1e9, 6)}  # fmt: skip
         if self.switches is not None:
             out.update(self.switches.facts(self.sleeps, self.matched, self.widest_ns))
         return out
@@ -151,6 +159,7 @@ def start(
     keying each sleep by its switch-out time while perf copies the stacks."""
     mode, why = choose_unwind(ns.unwind, targets.cluster.binary, targets.cluster.postmaster_pid)
     namer.unwind, namer.unwind_reason = mode, why
+    namer.keep_idle = bool(getattr(ns, "idle", False))
     if mode == "fp":
         inner = common.capture(ns, probe.STACKS_SCRIPT, [*probe.bpf_args(args), 0],
                                probe.STACKS_MAPS, env=probe.STACKS_ENV)  # fmt: skip
@@ -208,14 +217,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     out.add_argument("-o", "--output", metavar="FILE", help="with --stacks: write here")
     out.add_argument(
+        "--idle",
+        action="store_true",
+        help="with --stacks: keep idle time in the graph (client backends in ClientRead "
+        "between transactions, background processes' and the postmaster's main loops: "
+        "Activity:*), left out by default (the JSON keeps every stack, flagged idle)",
+    )
+    out.add_argument(
         "--unwind",
         choices=choose.MODES,
+        # In words: its costs, measured, are in docs/waits.md (help texts carry no figures).
         help="with --stacks: how stacks are walked: fp (frame pointers, by bpftrace at each "
-        "switch-out: cheapest, cut short in code without them, e.g. Debian's libc), dwarf "
-        "(perf copies 16 KiB of user stack at every switch-out into a sleep and pgprobe "
-        "unwinds it with .eh_frame: whole stacks on any build; per switch 16.7 KB of perf "
-        "data, 5-9 us in the backend, ~25 us of perf's CPU and 60-170 us of pgprobe's after "
-        "the capture: for short or --pid captures; docs/waits.md), auto "
+        "switch-out: cheapest, cut short in code without them, e.g. Debian's libc), dwarf (perf "
+        "copies the user stack at every switch-out into a sleep and pgprobe unwinds it with "
+        ".eh_frame: whole stacks on any build, at a cost per switch in the backend, in perf, and "
+        "in pgprobe after the capture: for short or --pid captures; see docs/waits.md), auto "
         "(default: dwarf when the server binary lacks frame pointers and perf is installed)",
     )
 

@@ -10,6 +10,12 @@ are kept under a ``[no stack: ...]`` frame instead of being dropped:
   reader adds now - start, as records._add_open does for the model);
 - a sleep that began before the capture (no switch-out seen, so no stack):
   whatever the model has for (pid, event) beyond the stacks.
+
+``idle_event`` says which sleeps are idle as the time model counts them
+(records._model): Client:ClientRead in state idle (between transactions) and
+Activity:* (background processes' main loops, the postmaster's too). The graph
+leaves their stacks out unless --idle (view.emit_stacks); the JSON keeps them,
+flagged ``idle``.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pgprobe import waitevents
 from pgprobe.engines.base import KeyValue, Snapshot
 from pgprobe.tools.waits.records import ASLEEP, ProcessTime, window
+from pgprobe.waitevents import backend_state
 
 NO_STACK = "[no stack: asleep since before the capture]"
 
@@ -44,6 +52,7 @@ class OffCpuStack:
     wait_event: str
     frames: tuple[str, ...]  # folded names, innermost first
     ns: int
+    idle: bool = False  # idle time (idle_event): left out of the graph unless --idle
 
     @property
     def wait_frame(self) -> str:
@@ -61,7 +70,30 @@ class OffCpuStack:
             "wait_event": self.wait_event,
             "stack": ";".join(reversed(self.frames)),
             "off_cpu_ns": self.ns,
+            "idle": self.idle,
         }
+
+
+def idle_event(major: int, shown_wei: int) -> bool:
+    """Idle as the time model counts it: ClientRead between transactions, Activity:*.
+
+    shown_wei: the event as waitevents.shown gives it (the postmaster's loop is Activity);
+    ClientRead of an unknown state is not idle (the model's "unknown")."""
+    state = backend_state.state_of(major, shown_wei)
+    if state is not None:
+        return backend_state.category(state) == "idle"
+    return waitevents.is_idle(*waitevents.name(major, shown_wei))
+
+
+def split_idle(stacks: Iterable[OffCpuStack], keep: bool) -> tuple[list[OffCpuStack], int]:
+    """(the stacks drawn, the idle nanoseconds left out): all of them when keep."""
+    shown, left = [], 0
+    for s in stacks:
+        if s.idle and not keep:
+            left += s.ns
+        else:
+            shown.append(s)
+    return shown, left
 
 
 def wait_frame(wait_event_type: str, wait_event: str) -> str:

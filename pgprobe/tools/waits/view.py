@@ -2,7 +2,8 @@
 --stacks, the off-CPU stacks as a flame graph (SVG, folded, speedscope) or a pprof file.
 The flame graph's root frames are the wait events (``Timeout:PgSleep``), each class of wait
 event (Timeout, LWLock, IO, ...) in a colour of its own; counts are microseconds, as
-offcputime's folded output."""
+offcputime's folded output. Idle time (stacks.idle_event) is left out of every output
+but the JSON unless --idle; the subtitle says how much."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pgprobe.stacks import format_folded
 from pgprobe.tools import pprof_export
 from pgprobe.tools.flame.output import write
 from pgprobe.tools.waits.records import Row
-from pgprobe.tools.waits.stacks import OffCpuStack, folded_us
+from pgprobe.tools.waits.stacks import OffCpuStack, folded_us, split_idle
 
 COLUMNS = [
     table.Column("category", "WHERE"),
@@ -99,6 +100,14 @@ def emit_stacks(
     describe: Callable[[int], Backend | None],
     duration_s: float,
 ) -> None:
+    stacks, idle_ns = split_idle(stacks, bool(getattr(ns, "idle", False)))
+    if idle_ns:
+        facts = {
+            **facts,
+            "off-CPU": f"{sum(s.ns for s in stacks) / 1e9:.3f} s",
+            "idle left out": f"{idle_ns / 1e9:.3f} s (--idle shows it)",
+        }
+        title += ", idle time left out"
     if fmt == "pprof":
         pprof_export.write(ns.output, profile(stacks, targets, describe, duration_s, facts))
         return
