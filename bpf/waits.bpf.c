@@ -98,11 +98,34 @@ const volatile __u64 state_off = 0;	/* $6: offsetof(PgBackendStatus, st_state) *
  * process points it until it has a PGPROC (0: unknown, nothing cached; below).
  */
 const volatile __u64 local_wei = 0;
+/*
+ * The query dimension (pgprobe queries, waits --by query; 0: off, nothing more is read):
+ * query_span bytes of the backend's PgBackendStatus are read at each switch-out into a
+ * sleep, in one read (a read costs the same whatever its size): st_changecount at 0,
+ * st_state at state_off, st_activity_raw at raw_off, st_query_id at qid_off.
+ * idle_states: bit s set for the states between statements (idle, idle in transaction
+ * and its aborted form); active_state: "active" in this major's BackendState.
+ * text_hash: statements without an id (compute_query_id off) keyed by a hash of the first
+ * TEXT_MAX bytes of their text, digits left out (pgprobe/tools/queries/textkey.py).
+ */
+const volatile __u64 query_span = 0;
+const volatile __u64 qid_off = 0;
+const volatile __u64 raw_off = 0;
+const volatile __u64 idle_states = 0;
+const volatile __u64 active_state = 0;
+const volatile __u64 text_hash = 0;
 
 #define EXIT_ZOMBIE_OR_DEAD 0x30
 #define MAX_TASKS 65536
 #define BEFORE_CAPTURE 2	/* waits.bt's "asleep since before the capture" event */
 #define HIST_SLOTS 48	/* 2^47 ns: 39 hours */
+#define SPAN_MAX 512	/* bytes of PgBackendStatus read at most (432 in 14-18) */
+#define TEXT_MAX 128
+#define MAX_QUERY_KEYS 262144
+/* @query_ns's kinds, and its state's flags beside BackendState (bits 0-7) */
+enum { Q_CPU = 1, Q_PREEMPTED = 2, Q_WOKEN = 3, Q_WAIT = 4 };
+#define Q_TEXT 0x100	/* the id is a hash of the statement's text (no query id) */
+#define Q_NO_ENTRY 0x200	/* no status entry read (none yet, or its memory gone) */
 
 /*
  * What a process was doing at its entry's `since` (records.py's numbers where they
@@ -132,6 +155,26 @@ struct task_state {
 	 */
 	__u64 hist_used;	/* bit k set: hist[k] is not 0 (a flush stops at the last one) */
 	__u64 hist[HIST_SLOTS];
+	/*
+	 * The query dimension. qa_*: the statement read at `since` (the sleep's), with the
+	 * status entry's change count then. Running totals, moved to @query_ns when their
+	 * key changes (as `wei`'s): r_* the runs (on CPU, preempted) of statement
+	 * (r_state, r_id); s_* the sleeps in s_wei and the runqueue time right after them
+	 * (woken, not yet running) of statement (s_state, s_id).
+	 */
+	__u64 qa_state, qa_id, cc0;
+	__u64 r_state, r_id, r_cpu, r_rq2;
+	__u64 s_state, s_id, s_wei, s_wait, s_rq3;
+};
+/* A statement read at a switch-out: the status entry's change count, state, id. */
+struct query {
+	__u64 cc, state, id;
+	bool ok;
+};
+struct query_key {
+	__u32 tid, kind_state;	/* kind << 16 | state and its flags */
+	__u32 wei, pad;
+	__u64 id;
 };
 struct tid_u32 {
 	__u32 tid, n;
@@ -163,6 +206,26 @@ HASH(wait_hist, struct hist_key, __u64);	/* (tid, wei, log2 slot) -> sleeps */
 HASH(born_ns, __u32, __u64);
 HASH(exit_ns, __u32, __u64);
 HASH(unseen, struct tid_u32, __u64);	/* (kind 3: switch-outs not seen, tid) */
+/* (tid, kind, state, wei, statement id) -> ns: the time model per statement */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_QUERY_KEYS);
+	__type(key, struct query_key);
+	__type(value, __u64);
+} query_ns SEC(".maps");
+
+/* Room for one read of the status entry and of a statement's text, per CPU. */
+struct scratch {
+	__u8 entry[SPAN_MAX + 8];
+	__u8 text[TEXT_MAX];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} scratch SEC(".maps");
 
 /*
  * @start: each process's counters at the window's start and whether it was asleep
@@ -276,9 +339,138 @@ static __always_inline void flush(struct task_state *t, __u32 tid)
  * PGPROC at exit, a sleep still reads that slot (0, "no wait event", unless reused).
  * Read at the switch-out: the program runs in the sleeping process, whose memory it is.
  */
-static __always_inline __u64 read_wait_event(struct task_state *t)
+static __always_inline __u64 entry_of(struct task_state *t)
 {
-	__u64 p = t->wei_ptr, be = t->be_ptr;
+	__u64 be = t->be_ptr;
+
+	if (!be && !bpf_probe_read_user(&be, sizeof(be), (void *)be_addr) && be && local_wei)
+		t->be_ptr = be;
+	return be;
+}
+
+/*
+ * The statement of a process at its switch-out (the query dimension): one read of its
+ * status entry (written only by itself, never while it sleeps: no torn read). ok is
+ * false where it has none (the postmaster; a process before pgstat_beinit, after its
+ * exit released its memory). Without a query id, with text_hash, the id is a hash of
+ * the statement's first TEXT_MAX bytes (FNV-1a 64, ASCII digits left out: pgbench's
+ * literals do not split a statement), flagged Q_TEXT.
+ */
+static __always_inline void read_query(struct task_state *t, struct query *q)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch, &zero);
+	__u64 be = be_addr ? entry_of(t) : 0;
+	__u64 span = query_span;
+
+	q->ok = false;
+	q->cc = 0;
+	q->state = Q_NO_ENTRY;
+	q->id = 0;
+	if (!s || !be || span > SPAN_MAX || span < 8)
+		return;
+	if (bpf_probe_read_user(s->entry, span, (void *)be))
+		return;
+	q->ok = true;
+	q->cc = *(__u32 *)s->entry;
+	q->state = *(__u32 *)(s->entry + (state_off & (SPAN_MAX - 4))) & 0xff;
+	q->id = *(__u64 *)(s->entry + (qid_off & (SPAN_MAX - 8)));
+	if (q->id || !text_hash || q->state == 0)
+		return;
+	__u64 raw = *(__u64 *)(s->entry + (raw_off & (SPAN_MAX - 8)));
+	if (!raw || bpf_probe_read_user_str(s->text, TEXT_MAX, (void *)raw) <= 0)
+		return;
+	__u64 h = 14695981039346656037ULL;
+	for (__u32 i = 0; i < TEXT_MAX; i++) {
+		__u8 c = s->text[i];
+		if (!c)
+			break;
+		if (c >= '0' && c <= '9')
+			continue;
+		h = (h ^ c) * 1099511628211ULL;
+	}
+	q->id = h;
+	q->state |= Q_TEXT;
+}
+
+static __always_inline void add_query(__u32 tid, __u32 kind, __u64 state, __u64 id, __u64 wei,
+				      __u64 ns)
+{
+	struct query_key k = { tid, kind << 16 | (__u32)state, (__u32)wei, 0, id };
+	add(&query_ns, &k, ns);
+}
+
+/* The running totals of the query dimension to @query_ns (their key changes, or an exit). */
+static __always_inline void flush_runs(struct task_state *t, __u32 tid)
+{
+	if (t->r_cpu)
+		add_query(tid, Q_CPU, t->r_state, t->r_id, 0, t->r_cpu);
+	if (t->r_rq2)
+		add_query(tid, Q_PREEMPTED, t->r_state, t->r_id, 0, t->r_rq2);
+	t->r_cpu = t->r_rq2 = 0;
+}
+
+static __always_inline void flush_sleeps(struct task_state *t, __u32 tid)
+{
+	if (t->s_wait)
+		add_query(tid, Q_WAIT, t->s_state, t->s_id, t->s_wei, t->s_wait);
+	if (t->s_rq3)
+		add_query(tid, Q_WOKEN, t->s_state, t->s_id, t->s_wei, t->s_rq3);
+	t->s_wait = t->s_rq3 = 0;
+}
+
+/*
+ * The statement a run belongs to, from what was read at its end (q) and at its start
+ * (the sleep before it): nothing reported since (the change count unchanged: woken for
+ * something else than a statement, or within one), the statement of the sleep; a
+ * statement that ended in it (idle now, reports made), that statement, active; else
+ * the one read now.
+ */
+static __always_inline void run_key(struct task_state *t, struct query *q, __u64 *state,
+				    __u64 *id)
+{
+	*state = t->qa_state;
+	*id = t->qa_id;
+	if (!q->ok || q->cc == t->cc0)
+		return;
+	__u64 raw = q->state & 0xff;
+	*state = raw < 64 && (idle_states >> raw) & 1 ? (q->state & ~0xffULL) | active_state
+						      : q->state;
+	*id = q->id;
+}
+
+static __always_inline void charge_run(struct task_state *t, __u32 tid, __u64 state, __u64 id,
+				       __u64 cpu, __u64 preempted)
+{
+	if (!cpu && !preempted)
+		return;
+	if (t->r_state != state || t->r_id != id) {
+		flush_runs(t, tid);
+		t->r_state = state;
+		t->r_id = id;
+	}
+	t->r_cpu += cpu;
+	t->r_rq2 += preempted;
+}
+
+static __always_inline void charge_sleep(struct task_state *t, __u32 tid, __u64 wei,
+					 __u64 slept, __u64 woken)
+{
+	if (!slept && !woken)
+		return;
+	if (t->s_state != t->qa_state || t->s_id != t->qa_id || t->s_wei != wei) {
+		flush_sleeps(t, tid);
+		t->s_state = t->qa_state;
+		t->s_id = t->qa_id;
+		t->s_wei = wei;
+	}
+	t->s_wait += slept;
+	t->s_rq3 += woken;
+}
+
+static __always_inline __u64 read_wait_event(struct task_state *t, struct query *q)
+{
+	__u64 p = t->wei_ptr, be = 0;
 	__u32 wei = 0, st = 0;
 
 	if (!p) {
@@ -291,9 +483,9 @@ static __always_inline __u64 read_wait_event(struct task_state *t)
 		return 1;
 	if (wei == 0x06000000 && be_addr) {
 		/* Client:ClientRead: the backend's st_state in bits 16-23 (waits.bt) */
-		if (!be && !bpf_probe_read_user(&be, sizeof(be), (void *)be_addr) && be &&
-		    local_wei)
-			t->be_ptr = be;
+		if (q->ok)
+			return wei | ((q->state & 0xff) << 16);	/* read with the statement */
+		be = entry_of(t);
 		if (be && !bpf_probe_read_user(&st, sizeof(st), (void *)(be + state_off)))
 			return wei | ((__u64)(st & 0xff) << 16);
 	}
@@ -309,7 +501,8 @@ static __always_inline __u64 read_wait_event(struct task_state *t)
  * two alike.
  */
 static __always_inline void close_interval(struct task_state *t, __u32 tid, __u64 now,
-					   __u64 cpu, __u64 rd, __u64 nv, __u64 run, __u64 tail)
+					   __u64 cpu, __u64 rd, __u64 nv, __u64 run, __u64 tail,
+					   struct query *q)
 {
 	__u64 span = now > t->since ? now - t->since : 0, dcpu = cpu - t->cpu0;
 	__u64 dq = rd - t->rd0, woken, slept, sleeps = nv - t->nv0, wei = t->a;
@@ -336,6 +529,18 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 	t->cpu += dcpu;
 	t->runq3 += woken;
 	t->runq2 += dq - woken;
+	if (query_span) {
+		/*
+		 * The run to the statement it ran (run_key); the runqueue time right after the
+		 * wakeup to the sleep it ends (as pg_stat_activity shows it: its wait event still
+		 * set, a ClientRead's state still idle); the sleep below to the statement read
+		 * when it began.
+		 */
+		__u64 rs, rid;
+		run_key(t, q, &rs, &rid);
+		charge_run(t, tid, rs, rid, dcpu, dq - woken);
+		charge_sleep(t, tid, t->a, 0, woken);
+	}
 	if (t->state == SEEDED_ASLEEP || t->state == SEEDED_RUNNING) {
 		/*
 		 * Its first sleep seen since the seed. Slept in `a` if asleep then and no other
@@ -361,6 +566,8 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 		flush(t, tid);
 	t->wait += slept;
 	t->wei = wei;
+	if (query_span)
+		charge_sleep(t, tid, wei, slept, 0);
 	if (t->state == ASLEEP) {	/* a whole sleep, seen from its start */
 		__u32 slot = log2_slot(slept);
 		t->hist[slot]++;
@@ -420,8 +627,11 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		else
 			set(&exit_ns, tid, now);	/* its exit not seen (attached since) */
 	}
+	struct query q = { 0, Q_NO_ENTRY, 0, false };
 	if (t) {
-		close_interval(t, tid, end, cpu, rd, nv, one_run(t, prev), now - end);
+		if (query_span && !dead)
+			read_query(t, &q);
+		close_interval(t, tid, end, cpu, rd, nv, one_run(t, prev), now - end, &q);
 	} else {
 		/*
 		 * Not seeded yet, its fork not seen: from @start (counters at the window's
@@ -434,6 +644,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			refused();
 			return 0;
 		}
+		if (query_span && !dead)
+			read_query(t, &q);
 		struct start_state *s = bpf_map_lookup_elem(&start, &tid);
 		__u32 w = WINDOW_NS;
 		__u64 *window = bpf_map_lookup_elem(&scalars, &w);
@@ -445,12 +657,12 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			t->cpu0 = s->cpu0;
 			t->rd0 = s->rd0;
 			t->nv0 = s->nv0;
-			close_interval(t, tid, end, cpu, rd, nv, 0, now - end);
+			close_interval(t, tid, end, cpu, rd, nv, 0, now - end, &q);
 		} else if (window && *window && *window < born && born < now && !only_pid) {
 			set(&born_ns, tid, born);
 			t->since = born;
 			t->state = STARTED;
-			close_interval(t, tid, end, cpu, rd, nv, 0, now - end);
+			close_interval(t, tid, end, cpu, rd, nv, 0, now - end, &q);
 		}
 	}
 	if (dead) {
@@ -459,12 +671,19 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		add2(&runq_ns, tid, 2, t->runq2);
 		add2(&runq_ns, tid, 3, t->runq3);
 		flush(t, tid);
+		if (query_span) {
+			flush_runs(t, tid);
+			flush_sleeps(t, tid);
+		}
 		bpf_task_storage_delete(&task, prev);
 		return 0;
 	}
 	t->since = now;
 	t->state = ASLEEP;
-	t->a = read_wait_event(t);
+	t->a = read_wait_event(t, &q);
+	t->qa_state = q.state;
+	t->qa_id = q.id;
+	t->cc0 = q.cc;
 	t->rd_p = 0;
 	t->cpu0 = cpu;
 	t->rd0 = rd;

@@ -65,6 +65,7 @@ COMMANDS = {
     "lwlocks": "pgprobe.tools.lwlocks",
     "clog-reads": "pgprobe.tools.clog_reads",
     "waits": "pgprobe.tools.waits",
+    "queries": "pgprobe.tools.queries",
     "backends": "pgprobe.tools.backends",
     "doctor": "pgprobe.tools.doctor",
     "flame": "pgprobe.tools.flame",

@@ -55,6 +55,12 @@ _EXAMPLES: dict[str, list[Example]] = {
             "an off-CPU flame graph rooted at the wait events",
         ),
     ],
+    "queries": [
+        ("sudo pgprobe queries -U postgres", "the statements the time goes to (10 s)"),
+        ("sudo pgprobe queries -U postgres --event Lock:transactionid", "... waiting on rows"),
+        ("sudo pgprobe queries -U postgres --query-id 4242", "one statement's time model"),
+        ("sudo pgprobe queries -U postgres --no-text --json", "ids and numbers only, as JSON"),
+    ],
     "backends": [
         ("sudo pgprobe backends -U postgres", "every process pgprobe would trace"),
         ("sudo pgprobe backends -U postgres --application myapp", "what a filter selects"),

@@ -27,7 +27,7 @@ from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
 from pgprobe.engines.compiled import CompiledCapture
 from pgprobe.errors import PgprobeError
 from pgprobe.scripts import script_path
-from pgprobe.tools.waits import records
+from pgprobe.tools.waits import querydim, records
 from pgprobe.waitevents import address as waitevents_address
 from pgprobe.waitevents import backend_state
 
@@ -47,8 +47,9 @@ _HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
 # kernel's counters at `since` (cpu0, rd0, nv0), the two cached pointers, then the log2
 # histogram of the sleeps in `wei` not yet in @wait_hist (a bit per slot used, the slots)
 HIST_SLOTS = 48
-_TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q")
 _HIST_AT = 15
+_QUERY_AT = _HIST_AT + HIST_SLOTS  # the query dimension's fields (querydim.FIELDS)
+_TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{querydim.FIELDS}Q")
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
 _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
 
@@ -90,10 +91,16 @@ def why_not(ns: argparse.Namespace) -> str | None:
     return libbpf.unavailable()
 
 
-def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -> CompiledCapture:
+def capture(
+    args: list[int | Path],
+    duration: float | None,
+    duty: float = 1.0,
+    query: querydim.Dimension | None = None,
+) -> CompiledCapture:
     """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals; with a duty
     below 1 (and an interval), each interval's snapshot is a capture of its own (engines.
-    compiled): the maps are emptied and the processes seeded again at each attach."""
+    compiled): the maps are emptied and the processes seeded again at each attach. query:
+    the time model keyed by statement too (querydim), in the snapshot's `query_ns`."""
     postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
     path = object_path()
     assert path is not None
@@ -114,9 +121,10 @@ def capture(args: list[int | Path], duration: float | None, duty: float = 1.0) -
             state = SEEDED_ASLEEP if proc.asleep(pid) else SEEDED_RUNNING
             obj.update("start", _U32.pack(pid), _START.pack(c.cpu_ns, c.runq_ns, c.sleeps, state))
 
-    return CompiledCapture(path, rodata(args), lambda obj, info: read(obj, info, pids()),
+    globals_ = {**rodata(args), **(query.rodata() if query else {})}
+    return CompiledCapture(path, globals_, lambda obj, info: read(obj, info, pids(), query),
                            duration, interval or None, start_window, duty,
-                           lambda obj: _seed(obj, start, address, entry))  # fmt: skip
+                           lambda obj: _seed(obj, start, address, entry, query))  # fmt: skip
 
 
 def rodata(args: list[int | Path]) -> dict[str, int]:
@@ -130,7 +138,7 @@ def rodata(args: list[int | Path]) -> dict[str, int]:
 def _empty(obj: libbpf.BpfObject, pids: list[int]) -> None:
     """A fresh capture's maps in an object that ran before (detached): no totals, and no
     @task entry left to these processes (a task storage map cannot be walked: by pidfd)."""
-    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start"):
+    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start", "query_ns"):
         obj.clear(name)
     for pid in pids:
         with contextlib.suppress(OSError), _pidfd(pid) as pidfd:
@@ -170,6 +178,7 @@ def _seed(
     start: Start,
     wei_address: int,
     entry: backend_state.StateAddress | None,
+    query: querydim.Dimension | None = None,
 ) -> None:
     """Each process's @task entry as of the window's start, made right after the attach:
     the object splits the time from there to its first sleep seen (waits.bpf.c). Made
@@ -198,8 +207,9 @@ def _seed(
             since, base = read_at, counters
             totals = _unseen(at_start, counters, read_at - start.window)
         state = SEEDED_ASLEEP if sleeping and last.runs == base.runs else SEEDED_RUNNING
+        fields = query.seed(pid) if query else (0,) * querydim.FIELDS
         value = _TASK.pack(since, state, wei, 0, *totals, base.cpu_ns, base.runq_ns,
-                           base.sleeps, *[0] * (3 + HIST_SLOTS))  # fmt: skip
+                           base.sleeps, *[0] * (3 + HIST_SLOTS), *fields)  # fmt: skip
         with contextlib.suppress(OSError, libbpf.LibbpfError), _pidfd(pid) as pidfd:
             obj.update("task", _I32.pack(pidfd), value, only_new=True)  # refused: exited
 
@@ -250,8 +260,19 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     the entry's `since`) closed on the kernel's counters, as bpf/waits.bpf.c closes one at a
     switch-out (close_interval; keep the two alike): its on-CPU and runqueue parts added to
     the running totals, the rest asleep, an open sleep (state ASLEEP) ending at `now`."""
+    cpu, runq2, runq3, wei, wait = _TASK.unpack(raw[0])[4:9]
+    part = _open(raw)
+    totals = (part.on_cpu + cpu, runq2 + part.preempted, runq3 + part.woken, wei, wait)
+    if part.asleep_in is None or not part.slept:
+        return (0, 0, 0, 0, *totals)
+    return (now - part.slept, ASLEEP, part.asleep_in, 0, *totals)
+
+
+def _open(raw: RawTask) -> querydim.Open:
+    """The interval open at the read of a raw entry, split on the kernel's counters."""
     entry, when, counters = raw
-    since, state, a, rd_p, cpu, runq2, runq3, wei, wait, cpu0, rd0, nv0 = _TASK.unpack(entry)[:12]
+    since, state, a, rd_p = _TASK.unpack(entry)[:4]
+    cpu0, rd0, nv0 = _TASK.unpack(entry)[9:12]
     on_cpu, queued, slept = _split(max(0, when - since), cpu0, rd0, counters)
     woken = min(rd_p - 1 - rd0, queued) if rd_p else queued
     sleeps = counters.sleeps - nv0  # sleeps begun since `since`: none, or the entry is stale
@@ -262,13 +283,12 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
         asleep_in = a
     # else: no sleep under way at `since` (forked, or running at the seed: the clocks'
     # difference), or a sleep not seen (counted by the object at the next switch-out)
-    totals = (on_cpu + cpu, runq2 + queued - woken, runq3 + woken, wei, wait)
-    if asleep_in is None or not slept:
-        return (0, 0, 0, 0, *totals)
-    return (now - slept, ASLEEP, asleep_in, 0, *totals)
+    return querydim.Open(on_cpu, queued - woken, woken, slept, asleep_in, a)
 
 
-def read(obj: libbpf.BpfObject, info: RunInfo, pids: list[int]) -> Snapshot:
+def read(
+    obj: libbpf.BpfObject, info: RunInfo, pids: list[int], query: querydim.Dimension | None = None
+) -> Snapshot:
     """The maps as waits.bt prints them; @now_ns the moment the read ended (each process's
     time is counted to the moment its counters were read, just before)."""
     scalars = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in obj.items("scalars")}
@@ -278,6 +298,7 @@ def read(obj: libbpf.BpfObject, info: RunInfo, pids: list[int]) -> Snapshot:
         maps[name] = {(_U32.unpack(k)[0],): _U64.unpack(v)[0] for k, v in obj.items(name)}
     for name in _BY_PAIR:
         maps[name] = {_PAIR.unpack(k): _U64.unpack(v)[0] for k, v in obj.items(name)}
+    query_read = querydim.read_map(obj) if query else {}
     hist_items = obj.items("wait_hist")
     after = _raw_tasks(obj, pids)
     now = time.monotonic_ns()
@@ -298,6 +319,8 @@ def read(obj: libbpf.BpfObject, info: RunInfo, pids: list[int]) -> Snapshot:
     kept = {pid: (before[pid] if maps["task"][(pid,)] is closed_before.get((pid,)) else raw)[0]
             for pid, raw in after.items()}  # fmt: skip
     maps["wait_hist"] = _hists(hist_items, kept)
+    if query:
+        maps["query_ns"] = _query_ns(obj, query, query_read, before, after)
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
 
@@ -345,7 +368,7 @@ def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[
         counts[(tid, wei, slot)] = _U64.unpack(v)[0]
     for pid, entry in entries.items():
         fields = _TASK.unpack(entry)
-        for slot, n in enumerate(fields[_HIST_AT:]):
+        for slot, n in enumerate(fields[_HIST_AT:_QUERY_AT]):
             if n:
                 key = (pid, fields[7], slot)
                 counts[key] = counts.get(key, 0) + n
@@ -354,3 +377,24 @@ def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[
         low, high = (0, 0) if slot == 0 else (1 << (slot - 1), (1 << slot) - 1)
         buckets.setdefault((tid, wei), []).append((low, high, n))
     return {key: Log2Hist(tuple(sorted(b))) for key, b in buckets.items()}
+
+
+def _query_ns(
+    obj: libbpf.BpfObject,
+    query: querydim.Dimension,
+    read: querydim.Charges,
+    before: dict[int, RawTask],
+    after: dict[int, RawTask],
+) -> dict[Key, AggValue]:
+    """The query dimension's map, with each live process's totals and open interval."""
+    rodata = query.rodata()
+
+    def fields(raws: dict[int, RawTask]) -> dict[int, tuple[int, ...]]:
+        return {pid: (*_TASK.unpack(raw[0])[_QUERY_AT:], pid) for pid, raw in raws.items()}
+
+    def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
+        raw = after[pid] if q == fields_after.get(pid) else before[pid]
+        return querydim.charges(pid, q, _open(raw), query.read(pid), rodata)
+
+    fields_after = fields(after)
+    return querydim.snapshot_map(obj, read, fields(before), fields_after, live)
