@@ -1,7 +1,8 @@
 """The compiled time model's cost on the server, fine enough to tell 0.98 from 0.985 (issue 14).
 
-    python -m bench.toggle [--workload select|tpcb] [--minutes 10] [--window 1]
-                           [--no-floor] [--object OTHER.bpf.o ...] [--json FILE]
+    python -m bench.toggle [--workload select|tpcb] [--protocol simple|extended|prepared]
+                           [--minutes 10] [--window 1] [--no-floor] [--queries]
+                           [--cost-rounds 1] [--object OTHER.bpf.o ...] [--json FILE]
 
 Why a method of its own. The main bench (bench/overhead.py) starts `pgprobe waits` for
 each traced window of 10 s: with 30 such pairs the interval of the TPS ratio is still
@@ -12,22 +13,32 @@ windows of a second or two, hundreds of them, where the machine's drift cannot f
 
 Method. One pgbench load for the whole run, its throughput reported every second
 (bench.overhead.Pgbench: -P 1 --progress-timestamp). Blocks of one window of ``--window``
-seconds per variant, back to back, in a random order per block: nothing attached; an
-empty program on the same tracepoint (bench/sched_empty.bpf.c: the floor, the
-tracepoint's dispatch to a program; --no-floor leaves it out); the time model, loaded with
-the parameters `pgprobe waits` gives it for this cluster (tools.waits.compiled.rodata);
-any --object, another build of it. Each window begins and ends at one of pgbench's report
-boundaries, where the programs are swapped (by this thread, at nice -10); a window whose
-swap came more than 10 ms late is left out, and counted. Within a block, a ratio per
-variant against "nothing" (and the time model against the floor); over the blocks, the
-geometric mean and its 95 % interval (bench.stats). What `pgprobe waits` does beside its
-programs (the seed at the attach, the read at the end: once per capture) is not in
-these windows. Then one window each with the kernel's BPF statistics on (they cost two
-clock reads per run, so the TPS windows run without them): fires/s and ns per fire.
+seconds per variant, back to back, in a random order per block: nothing attached; an empty
+program on the same tracepoint (bench/sched_empty.bpf.c: the floor, the tracepoint's
+dispatch to a program; --no-floor leaves it out); the time model, loaded with the
+parameters `pgprobe waits` gives it for this cluster (tools.waits.compiled.rodata); with
+--queries, the same object loaded a second time with the query dimension on as well
+("waits+queries": the globals of `pgprobe queries`, statement.StatementAddress.rodata,
+keyed by query id: text_hash 0); any --object, another build of it. Each window begins and
+ends at one of pgbench's report boundaries, where the programs are swapped (by this
+thread, at nice -10); a window whose swap came more than 10 ms late is left out, and
+counted. Within a block, a ratio per variant against "nothing" (and the time model against
+the floor); over the blocks, the geometric mean and its 95 % interval (bench.stats). What
+`pgprobe waits` does beside its programs (the seed at the attach, the read at the end:
+once per capture) is not in these windows. Then one window each with the kernel's BPF
+statistics on (they cost two clock reads per run, so the TPS windows run without them):
+fires/s and ns per fire (--cost-rounds N: N such rounds, the variants in turn; the medians).
+
+With --queries the cluster runs with query ids, as a server `pgprobe queries` keys by id
+does: shared_preload_libraries = 'pg_stat_statements' and compute_query_id = on (without
+--queries neither, as before), and the report adds waits+queries against the time model
+without it, and the share of @query_ns the object keyed by an id (a check that ids were
+there to read). --protocol: pgbench's -M (default simple, pgbench's own).
 
 Meaningful on a quiet machine only. Needs root, clang (scripts/build-bpf) and the object
-built by scripts/setup. Results and what they say: docs/benchmarks.md ("waits compiled:
-its TPS cost to half a percent").
+built by scripts/setup. Results and what they say: docs/dev/benchmark-analyses.md ("waits
+compiled: its TPS cost to half a percent"); with --queries, docs/benchmarks.md ("waits
+compiled: the query dimension's TPS cost").
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ import argparse
 import json
 import os
 import random
+import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -45,18 +58,19 @@ from pathlib import Path
 from typing import Any
 
 from bench import bpfstats, common, stats
-from bench.configs import SELECT, TPCB
+from bench.configs import SELECT, TPCB, Workload
 from bench.overhead import Pgbench
 from pgprobe import discover
 from pgprobe.engines.libbpf import BpfObject
 from pgprobe.sandbox import PgCluster
-from pgprobe.tools.waits import compiled, probe
-from pgprobe.waitevents import address
+from pgprobe.tools.waits import compiled, probe, querydim
+from pgprobe.waitevents import address, statement
 
 HERE = Path(__file__).resolve().parent
 EMPTY = HERE / "build" / "sched_empty.bpf.o"
-NONE, FLOOR, WAITS = "none", "empty", "waits"
-VARIANTS = (NONE, FLOOR, WAITS)
+NONE, FLOOR, WAITS, QUERIES = "none", "empty", "waits", "waits+queries"
+VARIANTS = (NONE, FLOOR, WAITS, QUERIES)
+QUERY_ID_SETTINGS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on"}
 BUDGET = 0.98  # issue 14: TPS ratio of `pgprobe waits`
 WARMUP_S = 10
 STATS_WINDOW_S = 10
@@ -89,9 +103,13 @@ class Result:
     window_s: int
     seed: int
     blocks: list[Block] = field(default_factory=list)
-    costs: dict[str, Cost] = field(default_factory=dict)
+    costs: dict[str, Cost] = field(default_factory=dict)  # medians over the rounds
+    cost_rounds: dict[str, list[Cost]] = field(default_factory=dict)
     untraced_tps: list[float] = field(default_factory=list)
     late_windows: int = 0
+    # waits+queries: ns of @query_ns keyed by a query id, and in all (at the end of the run)
+    query_ns_with_id: int = 0
+    query_ns_total: int = 0
 
     def interval(self, variant: str, base: str = NONE) -> stats.Interval | None:
         ratios = [r for b in self.blocks if (r := b.ratio(variant, base)) is not None]
@@ -102,7 +120,7 @@ class Result:
         out["intervals"] = {
             f"{v}/{base}": {"mean": i.mean, "low": i.low, "high": i.high, "n": i.n}
             for v in {v for b in self.blocks for v in b.order} - {NONE}
-            for base in (NONE, FLOOR, WAITS)
+            for base in (NONE, FLOOR, WAITS, QUERIES)
             if v != base and (i := self.interval(v, base)) is not None
         }
         return out
@@ -115,12 +133,38 @@ def build_floor() -> None:
                    stdout=subprocess.DEVNULL)  # fmt: skip
 
 
-def waits_rodata(cluster: PgCluster) -> dict[str, int]:
-    """The time model's globals as `pgprobe waits` sets them for the whole cluster."""
+def waits_rodata(
+    cluster: PgCluster, queries: bool = False
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The time model's globals as `pgprobe waits` sets them for the whole cluster; with
+    `queries`, also the query dimension's as `pgprobe queries` sets them on a server with
+    query ids (text_hash 0), else {}."""
     options = discover.ConnOptions(host=str(cluster.root), port=cluster.port, user="postgres")
     targets = discover.discover(options, discover.Filters())
     where = address.find(targets.cluster.postmaster_pid, targets.cluster.binary)
-    return compiled.rodata(probe.script_args(targets, where, None))
+    waits = compiled.rodata(probe.script_args(targets, where, None))
+    if not queries:
+        return waits, {}
+    found = statement.address_of(where, targets.cluster.major)
+    if found is None:
+        raise SystemExit(f"bench.toggle: no statement address for {targets.cluster.major}")
+    return waits, querydim.Dimension(found, text_hash=False).rodata()
+
+
+def workload_of(key: str, protocol: str) -> Workload:
+    load = SELECT if key == "select" else TPCB
+    if protocol == "simple":
+        return load
+    return Workload(f"{load.key}-{protocol}", f"{load.label} -M {protocol}",
+                    (*load.args, "-M", protocol))  # fmt: skip
+
+
+def count_query_ns(obj: BpfObject, result: Result) -> None:
+    """How much of @query_ns the object keyed by a query id (0: a statement without one)."""
+    for (_tid, _kind, _state, _wei, qid), ns in querydim.read_map(obj).items():
+        result.query_ns_total += ns
+        if qid:
+            result.query_ns_with_id += ns
 
 
 class Switcher:
@@ -176,25 +220,36 @@ def run_blocks(bench: Pgbench, switch: Switcher, result: Result, deadline: float
             result.untraced_tps.append(block.tps[NONE])
 
 
-def measure_costs(switch: Switcher, result: Result) -> None:
-    """Fires/s and BPF ns per fire of each variant, one window each, statistics on."""
+def measure_costs(switch: Switcher, result: Result, rounds: int = 1) -> None:
+    """Fires/s and BPF ns per fire of each variant, one window each per round (the order
+    turned by one each round), statistics on; result.costs: the medians over the rounds."""
     with bpfstats.BpfStats() as on:
         if not on.enabled:
             common.log(f"toggle: no BPF statistics ({on.error})")
             return
-        for variant in switch.objects:
-            switch.to(variant)
-            time.sleep(1)
-            names: dict[int, str] = {}
-            before, switches0 = bpfstats.programs(os.getpid(), names), common.context_switches()
-            time.sleep(STATS_WINDOW_S)
-            after, switches = bpfstats.programs(os.getpid(), names), common.context_switches()
-            switch.to(NONE)
-            runs = [p for p in bpfstats.delta(before, after) if p.name == "on_switch" and p.runs]
-            if runs:
-                fires, ns = sum(p.runs for p in runs), sum(p.ns for p in runs)
-                per_s = common.switches_per_s(switches0, switches)
-                result.costs[variant] = Cost(fires / STATS_WINDOW_S, ns / fires, per_s)
+        variants = list(switch.objects)
+        for r in range(rounds):
+            for variant in variants[r % len(variants) :] + variants[: r % len(variants)]:
+                switch.to(variant)
+                time.sleep(1)
+                names: dict[int, str] = {}
+                before, switches0 = bpfstats.programs(os.getpid(), names), common.context_switches()
+                time.sleep(STATS_WINDOW_S)
+                after, switches = bpfstats.programs(os.getpid(), names), common.context_switches()
+                switch.to(NONE)
+                runs = [
+                    p for p in bpfstats.delta(before, after) if p.name == "on_switch" and p.runs
+                ]
+                if runs:
+                    fires, ns = sum(p.runs for p in runs), sum(p.ns for p in runs)
+                    per_s = common.switches_per_s(switches0, switches)
+                    cost = Cost(fires / STATS_WINDOW_S, ns / fires, per_s)
+                    result.cost_rounds.setdefault(variant, []).append(cost)
+    for variant, costs in result.cost_rounds.items():
+        fields = ("fires_per_s", "ns_per_fire", "switches_per_s")
+        result.costs[variant] = Cost(
+            *(statistics.median(getattr(c, f) for c in costs) for f in fields)
+        )
 
 
 def measure(
@@ -205,26 +260,35 @@ def measure(
     seed: int,
     others: list[Path],
     floor: bool = True,
+    queries: bool = False,
+    protocol: str = "simple",
+    cost_rounds: int = 1,
 ) -> Result:
     """The blocks and the costs; `others`: more builds of the time model (a change to
     bpf/waits.bpf.c, say) as variants of their own, named by their files; without
-    `floor`, no empty program (the blocks are shorter: more of them)."""
+    `floor`, no empty program (the blocks are shorter: more of them); `queries`: the time
+    model with the query dimension too, on a cluster with query ids."""
     if floor:
         build_floor()
     path = compiled.object_path()
     if path is None:
         raise SystemExit("bench.toggle: bpf/build/waits.bpf.o is not built (scripts/build-bpf)")
-    load = SELECT if workload == "select" else TPCB
+    load = workload_of(workload, protocol)
     result = Result(workload=load.label, window_s=window_s, seed=seed)
     settings = {"max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'"}
+    if queries:
+        settings.update(QUERY_ID_SETTINGS)
     with PgCluster(settings=settings, name="pgprobe-toggle") as cluster:
         cluster.pgbench("-i", "-q", "-s", str(scale)).communicate(timeout=600)
-        rodata = waits_rodata(cluster)
+        rodata, query_rodata = waits_rodata(cluster, queries)
         objects = {FLOOR: BpfObject(EMPTY, {})} if floor else {}
         objects[WAITS] = BpfObject(path, rodata)
+        if queries:
+            objects[QUERIES] = BpfObject(path, {**rodata, **query_rodata})
         objects.update({o.stem: BpfObject(o, rodata) for o in others})
         switch = Switcher(objects)
-        total = int(minutes * 60) + WARMUP_S + 3 * STATS_WINDOW_S + 30
+        costs_s = (STATS_WINDOW_S + 1) * len(objects) * cost_rounds
+        total = int(minutes * 60) + WARMUP_S + costs_s + 30
         bench = Pgbench(cluster, load, total)
         try:
             bench.wait_started()
@@ -232,7 +296,9 @@ def measure(
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SWAP_NICE)
             time.sleep(WARMUP_S)
             run_blocks(bench, switch, result, time.time() + minutes * 60)
-            measure_costs(switch, result)
+            measure_costs(switch, result, cost_rounds)
+            if queries:
+                count_query_ns(objects[QUERIES], result)
         finally:
             switch.to(NONE)
             bench.stop()
@@ -248,7 +314,7 @@ def report(result: Result) -> str:
              f"{common.median(result.untraced_tps) or 0:,.0f} tps (median); "
              f"{result.late_windows} windows left out (swapped late)"]  # fmt: skip
     others = sorted({v for b in result.blocks for v in b.order} - set(VARIANTS))
-    pairs = [(FLOOR, NONE), (WAITS, NONE), (WAITS, FLOOR)]
+    pairs = [(FLOOR, NONE), (WAITS, NONE), (WAITS, FLOOR), (QUERIES, NONE), (QUERIES, WAITS)]
     pairs += [p for o in others for p in ((o, NONE), (o, WAITS))]
     for variant, base in pairs:
         i = result.interval(variant, base)
@@ -256,7 +322,14 @@ def report(result: Result) -> str:
             verdict = f", {i.verdict(BUDGET)} against {BUDGET}" if base == NONE else ""
             lines.append(f"  TPS {variant}/{base}: {i.text()} (±{i.half_width_pct:.2f} %, "
                          f"{i.n} blocks){verdict}")  # fmt: skip
+    if result.query_ns_total:
+        share = result.query_ns_with_id / result.query_ns_total
+        lines.append(f"  waits+queries: {share:.1%} of @query_ns keyed by a query id")
     for variant, c in result.costs.items():
+        rounds = result.cost_rounds.get(variant, [])
+        if len(rounds) > 1:
+            each = ", ".join(f"{r.ns_per_fire:.0f}" for r in rounds)
+            lines.append(f"  {variant}: ns per fire in {len(rounds)} rounds: {each}; medians:")
         lines.append(f"  {variant}: {c.fires_per_s:,.0f} fires/s x {c.ns_per_fire:.0f} ns = "
                      f"{c.fires_per_s * c.ns_per_fire / 1e6:.1f} ms/s of BPF; "
                      f"{c.switches_per_s:,.0f} context switches/s")  # fmt: skip
@@ -270,22 +343,32 @@ def main(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workload", choices=("select", "tpcb"), default="select")
+    parser.add_argument("--protocol", choices=("simple", "extended", "prepared"),
+                        default="simple", help="pgbench -M (default simple)")  # fmt: skip
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--window", type=int, default=1, help="seconds per window (default 1)")
     parser.add_argument("--scale", type=int, default=10, help="pgbench scale (default 10)")
     parser.add_argument("--seed", type=int, default=None, help="the blocks' order (random)")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--cost-rounds", type=int, default=1,
+                        help="windows per variant with BPF statistics on (default 1)")  # fmt: skip
     parser.add_argument("--object", type=Path, action="append", default=[],
                         help="another build of the time model to compare (repeatable)")  # fmt: skip
+    parser.add_argument("--queries", action="store_true",
+                        help="also the time model with the query dimension (waits+queries), "
+                        "on a cluster with query ids")  # fmt: skip
     parser.add_argument("--no-floor", action="store_true",
                         help="no empty program: pairs of nothing and the time model")  # fmt: skip
     ns = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("bench.toggle: run as root (it loads BPF programs)", file=sys.stderr)
         return 2
+    # A SIGTERM ends the run through the finally blocks: programs detached, cluster stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1 << 31)
     result = measure(ns.workload, ns.minutes, ns.window, ns.scale, seed, ns.object,
-                     floor=not ns.no_floor)  # fmt: skip
+                     floor=not ns.no_floor, queries=ns.queries, protocol=ns.protocol,
+                     cost_rounds=ns.cost_rounds)  # fmt: skip
     print(report(result))
     if ns.json:
         ns.json.write_text(json.dumps(result.as_json(), indent=1) + "\n")

@@ -114,6 +114,17 @@ const volatile __u64 raw_off = 0;
 const volatile __u64 idle_states = 0;
 const volatile __u64 active_state = 0;
 const volatile __u64 text_hash = 0;
+/*
+ * Runs that span statements: st_activity_start_timestamp (act_off; PostgreSQL's clock,
+ * microseconds since 2000) turned into this program's (monotonic) clock with pg_clock_ns
+ * (realtime - monotonic - the 2000 epoch, measured by pgprobe at the load). The part of a
+ * run before its last statement began, past SPAN_MIN_NS, may have run an earlier
+ * statement whose end no switch-out marked: counted (Q_SPANNED), still charged to the last
+ * statement, since that part also holds the preemptions and the steal before the last
+ * statement began (an upper bound of the time charged to the wrong statement).
+ */
+const volatile __u64 act_off = 0;
+const volatile __u64 pg_clock_ns = 0;
 
 #define EXIT_ZOMBIE_OR_DEAD 0x30
 #define MAX_TASKS 65536
@@ -126,6 +137,8 @@ const volatile __u64 text_hash = 0;
 enum { Q_CPU = 1, Q_PREEMPTED = 2, Q_WOKEN = 3, Q_WAIT = 4 };
 #define Q_TEXT 0x100	/* the id is a hash of the statement's text (no query id) */
 #define Q_NO_ENTRY 0x200	/* no status entry read (none yet, or its memory gone) */
+#define Q_SPANNED 0x400	/* a run's part before its last statement began (id 0) */
+#define SPAN_MIN_NS 1000000	/* below: reading the message (up to ~0.3 ms measured on a VM under load) */
 
 /*
  * What a process was doing at its entry's `since` (records.py's numbers where they
@@ -165,10 +178,11 @@ struct task_state {
 	__u64 qa_state, qa_id, cc0;
 	__u64 r_state, r_id, r_cpu, r_rq2;
 	__u64 s_state, s_id, s_wei, s_wait, s_rq3;
+	__u64 span;	/* running total of Q_SPANNED time (to @query_ns at the exit) */
 };
 /* A statement read at a switch-out: the status entry's change count, state, id. */
 struct query {
-	__u64 cc, state, id;
+	__u64 cc, state, id, act;	/* act: st_activity_start_timestamp (us since 2000) */
 	bool ok;
 };
 struct query_key {
@@ -214,6 +228,18 @@ struct {
 	__type(key, struct query_key);
 	__type(value, __u64);
 } query_ns SEC(".maps");
+
+/*
+ * tid -> the statement read at its exit_group, for its final run (its memory is gone at
+ * its final switch-out). A hash map, not the task's storage: a task storage call here can
+ * make the next one on this CPU fail (the storage's per-CPU busy guard).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_TASKS);
+	__type(key, __u32);
+	__type(value, struct query);
+} exit_query SEC(".maps");
 
 /* Room for one read of the status entry and of a statement's text, per CPU. */
 struct scratch {
@@ -356,14 +382,14 @@ static __always_inline __u64 entry_of(struct task_state *t)
  * the statement's first TEXT_MAX bytes (FNV-1a 64, ASCII digits left out: pgbench's
  * literals do not split a statement), flagged Q_TEXT.
  */
-static __always_inline void read_query(struct task_state *t, struct query *q)
+static __always_inline void read_query(__u64 be, struct query *q)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch, &zero);
-	__u64 be = be_addr ? entry_of(t) : 0;
 	__u64 span = query_span;
 
 	q->ok = false;
+	q->act = 0;
 	q->cc = 0;
 	q->state = Q_NO_ENTRY;
 	q->id = 0;
@@ -375,6 +401,7 @@ static __always_inline void read_query(struct task_state *t, struct query *q)
 	q->cc = *(__u32 *)s->entry;
 	q->state = *(__u32 *)(s->entry + (state_off & (SPAN_MAX - 4))) & 0xff;
 	q->id = *(__u64 *)(s->entry + (qid_off & (SPAN_MAX - 8)));
+	q->act = act_off ? *(__u64 *)(s->entry + (act_off & (SPAN_MAX - 8))) : 0;
 	if (q->id || !text_hash || q->state == 0)
 		return;
 	__u64 raw = *(__u64 *)(s->entry + (raw_off & (SPAN_MAX - 8)));
@@ -536,8 +563,15 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 		 * set, a ClientRead's state still idle); the sleep below to the statement read
 		 * when it began.
 		 */
-		__u64 rs, rid;
+		__u64 rs, rid, run = dcpu + dq - woken, before = 0;
 		run_key(t, q, &rs, &rid);
+		if (q->ok && q->act && pg_clock_ns && q->cc != t->cc0) {
+			/* the part of the run before its last statement began (monotonic clock) */
+			__u64 began = q->act * 1000 - pg_clock_ns, from = now - run;
+			if (began > from && began - from > SPAN_MIN_NS)
+				before = began - from < run ? began - from : run;
+		}
+		t->span += before;	/* counted, not moved: see SPAN_MIN_NS */
 		charge_run(t, tid, rs, rid, dcpu, dq - woken);
 		charge_sleep(t, tid, t->a, 0, woken);
 	}
@@ -580,7 +614,9 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
  * preemption noted; the state's own switch-out seen, so the run began after it), else 0.
  * sum_exec_runtime leaves out what the hypervisor took (steal) and, with IRQ time
  * accounting, interrupts: the process was on its CPU then all the same (as waits.bt
- * charges it), and that time must not be left for the sleep.
+ * charges it), and that time must not be left for the sleep. An interval of several runs
+ * still leaves their steal to the sleep before them (docs/queries.md, Limits: summing each
+ * run's wall time here overcounted by 6-11 % in tests, not understood yet).
  */
 static __always_inline __u64 one_run(struct task_state *t, struct task_struct *p)
 {
@@ -627,10 +663,18 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		else
 			set(&exit_ns, tid, now);	/* its exit not seen (attached since) */
 	}
-	struct query q = { 0, Q_NO_ENTRY, 0, false };
+	struct query q = { 0, Q_NO_ENTRY, 0, 0, false };
 	if (t) {
 		if (query_span && !dead)
-			read_query(t, &q);
+			read_query(be_addr ? entry_of(t) : 0, &q);
+		if (query_span && dead) {
+			/* its memory is gone: the statement read at its exit_group */
+			struct query *x = bpf_map_lookup_elem(&exit_query, &tid);
+			if (x) {
+				q = *x;
+				bpf_map_delete_elem(&exit_query, &tid);
+			}
+		}
 		close_interval(t, tid, end, cpu, rd, nv, one_run(t, prev), now - end, &q);
 	} else {
 		/*
@@ -645,7 +689,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			return 0;
 		}
 		if (query_span && !dead)
-			read_query(t, &q);
+			read_query(be_addr ? entry_of(t) : 0, &q);
 		struct start_state *s = bpf_map_lookup_elem(&start, &tid);
 		__u32 w = WINDOW_NS;
 		__u64 *window = bpf_map_lookup_elem(&scalars, &w);
@@ -674,6 +718,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (query_span) {
 			flush_runs(t, tid);
 			flush_sleeps(t, tid);
+			if (t->span)
+				add_query(tid, Q_CPU, Q_SPANNED, 0, 0, t->span);
 		}
 		bpf_task_storage_delete(&task, prev);
 		return 0;
@@ -724,5 +770,28 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 		n->nv0 = child->nvcsw;
 		set(&born_ns, child->pid, now);
 	}
+	return 0;
+}
+
+/*
+ * A backend's exit (exit_group): its memory is still there, not at its final switch-out,
+ * where its last run is charged: the statement read here, for that run (a backend that
+ * reads its client's Terminate with no sleep after its last statement).
+ */
+SEC("tracepoint/syscalls/sys_enter_exit_group")
+int on_exit_group(void *ctx)
+{
+	struct task_struct *p = bpf_get_current_task_btf();
+	if (!query_span || !ours(p))
+		return 0;
+	/* through the entry's address kept in its state: the exit cleared MyBEEntry itself */
+	struct task_state *t = bpf_task_storage_get(&task, p, 0, 0);
+	if (!t || !t->be_ptr)
+		return 0;
+	__u32 tid = p->pid;
+	struct query q;
+	read_query(t->be_ptr, &q);
+	if (q.ok)
+		bpf_map_update_elem(&exit_query, &tid, &q, BPF_ANY);
 	return 0;
 }

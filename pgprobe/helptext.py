@@ -48,6 +48,7 @@ _EXAMPLES: dict[str, list[Example]] = {
     "waits": [
         ("sudo pgprobe waits -U postgres", "on CPU, waiting for a CPU, each wait event (10 s)"),
         ("sudo pgprobe waits -U postgres --by pid", "one time model per backend"),
+        ("sudo pgprobe waits -U postgres --by query", "... per statement (query id)"),
         ("sudo pgprobe waits -U postgres --pid 4242 -d 30", "where one slow backend's time goes"),
         ("sudo pgprobe waits -U postgres -d 60 --interval 5", "a fresh table every 5 s"),
         (

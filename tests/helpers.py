@@ -65,8 +65,9 @@ def bpftrace_child(ppid: int) -> int | None:
     return None
 
 
-# bpf/waits.bpf.c's programs (sched_switch, process exit, process fork), attached together
-WAITS_BPF_LINKS = 3
+# bpf/waits.bpf.c's programs (sched_switch, process exit, process fork, exit_group),
+# attached together
+WAITS_BPF_LINKS = 4
 
 
 def bpf_link_fds(pid: int) -> int:

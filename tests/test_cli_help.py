@@ -136,8 +136,9 @@ def test_old_spellings_are_out_of_the_help(helps: dict[str, str]) -> None:
             assert not re.search(rf"{option}\b", helps[name]), (name, option)
     for name in ("flame", "hot", "triage", "serve"):
         assert "-F HZ, --frequency HZ" in helps[name], name
-    for name in ("flame", "waits", "lwlocks"):
+    for name in ("flame", "lwlocks"):
         assert "--by {pid}" in helps[name], name
+    assert "--by {pid,query}" in helps["waits"]
 
 
 @pytest.mark.parametrize(

@@ -957,3 +957,33 @@ def test_render_text() -> None:
 def test_finding_rejects_unknown_severity() -> None:
     with pytest.raises(ValueError):
         Finding("x", "critical", "t", "e", "n")
+
+
+def test_wait_events_name_the_statement_with_the_most_of_it() -> None:
+    """With the time model keyed by statement (waits.statements), a wait family's finding
+    names the statement holding most of that family's seconds, with its share of them;
+    without it (an older or bpftrace-only document), the title is as before."""
+    doc = load("timemodel")
+    before = one(doc, "wait.row-locks").title
+    assert "of it is" not in before
+    lock = {(r["wait_event_type"], r["wait_event"]): r["total_us"] for r in doc["waits"]["rows"]}
+    family_us = lock[("Lock", "transactionid")] + lock[("Lock", "tuple")]
+    update_us = 0.75 * lock[("Lock", "transactionid")]
+
+    def row(query: str, qid: int, waits: dict[str, float]) -> dict[str, Any]:
+        return {"kind": "statement", "query_id": qid, "query": query, "cpu_us": 0.0,
+                "runq_preempted_us": 0.0, "runq_woken_us": 0.0,
+                "waits": [{"wait_event_type": "Lock", "wait_event": e, "total_us": us,
+                           "runq_woken_us": 0.0} for e, us in waits.items()]}  # fmt: skip
+
+    doc["waits"]["statements"] = {"rows": [
+        row("UPDATE pgbench_branches SET bbalance = bbalance + $1 WHERE bid = $2", -42,
+            {"transactionid": update_us}),
+        row("SELECT 1", 7, {"tuple": 0.1 * lock[("Lock", "tuple")]}),
+    ]}  # fmt: skip
+    title = one(doc, "wait.row-locks").title
+    share = fmt.pct(100 * update_us / family_us)
+    assert title.startswith(before), title
+    # the text cut to 60 characters
+    assert title.endswith(f"; {share} of it is `UPDATE pgbench_branches SET bbalance = "
+                          "bbalance + $1 WHERE …` (queryid -42)"), title  # fmt: skip

@@ -41,6 +41,7 @@ REPORT_SECTIONS = [
     "overview",
     "findings",
     "timemodel",
+    "statements",
     "flame",
     "lwlocks",
     "slru",
@@ -495,6 +496,19 @@ def test_timeline_stacks_active_backends_by_wait_type() -> None:
 def _evil_doc() -> dict[str, Any]:
     doc = load("pgbench")
     doc["stats"]["statements"][0]["query"] = EVIL_QUERY
+    doc["waits"] = load("timemodel")["waits"]  # the recorded pgbench run predates it
+    doc["waits"]["statements"] = {
+        "db_time_us": 1e6,
+        "rows": [
+            {
+                "kind": "statement",
+                "query_id": 1,
+                "query": EVIL_QUERY,
+                "db_time_us": 1e6,
+                "waits": [{"wait_event_type": "<b>Lock", "wait_event": "x</b>", "total_us": 1.0}],
+            }
+        ],
+    }
     doc["hot"]["rows"][0]["function"] = "<img src=x onerror=alert(2)>"
     doc["meta"]["host"] = 'db"><script>alert(3)</script>'
     doc["meta"]["warnings"].append("see https://wiki.example.org/page?a=1&b=<2>")
@@ -510,6 +524,8 @@ def test_strings_from_the_database_are_escaped() -> None:
     assert page.attrs("script") == [] and page.attrs("img") == []  # the page runs no script
     sql = page.text("sql")
     assert EVIL_QUERY in sql  # shown exactly as the server has it
+    assert EVIL_QUERY in page.text("statements") and "<b>Lock:x</b>" in page.text("statements")
+    assert "<b>Lock" not in text
     assert 'db"><script>alert(3)</script>' in page.text("capture")
     assert "<img src=x onerror=alert(2)>" in page.text("cpu")
 

@@ -308,5 +308,16 @@ def test_time_model_against_a_row_lock_and_pg_sleep(quiet: PgCluster, tmp_path: 
     # the finding speaks of the same exact seconds
     found = [f for f in doc["findings"] if f["id"] == "wait.row-locks"]
     assert found and f"{lock:.2f} s" in found[0]["title"] + found[0]["evidence"], found
+    # ... and names the statement (no pg_stat_statements here: keyed by its text), whose
+    # row holds the same seconds, as pg_sleep's holds its 2 s
+    assert "of it is `UPDATE hot SET v = v + 1 WHERE id = 1`" in found[0]["title"], found
+    by_text = {r["query"]: r for r in doc["waits"]["statements"]["rows"] if r["kind"] == "text"}
+    update, sleep = by_text["UPDATE hot SET v = v + 1 WHERE id = 1"], by_text[
+        f"SELECT pg_sleep({SLEEP_S})"]  # fmt: skip
+    waited = {w["wait_event"]: w["total_us"] / 1e6 for w in update["waits"]}
+    assert abs(waited["transactionid"] - blocked["s"]) <= 0.02 * blocked["s"], update
+    slept_there = {w["wait_event"]: w["total_us"] / 1e6 for w in sleep["waits"]}
+    assert abs(slept_there["PgSleep"] - SLEEP_S) <= 0.02 * SLEEP_S, sleep
     html = report.read_text()
     assert '<section id="timemodel">' in html and "Lock:transactionid" in html
+    assert '<section id="statements">' in html and "UPDATE hot SET" in html

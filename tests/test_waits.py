@@ -149,7 +149,8 @@ def test_compiled_closes_an_open_interval_on_the_kernels_counters() -> None:
         # since 1_000 with cpu 500, run_delay 700, 9 voluntary switches, totals (10, 1, 2,
         # clientread, 40); read at 5_000: 200 more on CPU, 300 more queued
         entry = compiled._TASK.pack(1_000, state, a, rd_p, 10, 1, 2, clientread, 40,
-                                    500, 700, 9, 0, 0, 0, *[0] * compiled.HIST_SLOTS)  # fmt: skip
+                                    500, 700, 9, 0, 0, 0, *[0] * compiled.HIST_SLOTS,
+                                    *[0] * compiled.TAIL_FIELDS)  # fmt: skip
         return compiled._closed((entry, 5_000, SchedCounters(700, 1_000, 3, sleeps)), 6_000)
 
     totals = (210, 1, 302, clientread, 40)
@@ -174,7 +175,7 @@ def test_compiled_adds_each_tasks_own_histogram_to_the_maps() -> None:
     assert clientread is not None
     slots = [0] * compiled.HIST_SLOTS
     slots[3], slots[5] = 1, 4
-    entry = compiled._TASK.pack(*[0] * 7, clientread, *[0] * 7, *slots)
+    entry = compiled._TASK.pack(*[0] * 7, clientread, *[0] * 7, *slots, *[0] * compiled.TAIL_FIELDS)
     item = (compiled._HIST_KEY.pack(7, clientread, 3, 0), compiled._U64.pack(2))
     hists = compiled._hists([item], {7: entry})
     assert hists == {(7, clientread): Log2Hist(((4, 7, 3), (16, 31, 4)))}

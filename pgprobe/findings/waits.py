@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgprobe import pgversions
-from pgprobe.findings import fmt, timemodel
+from pgprobe.findings import fmt, statements, timemodel
 from pgprobe.findings.base import Doc, Finding, at_most, rule, severity_of
 from pgprobe.findings.document import activity_samples, as_number, section
 from pgprobe.findings.timemodel import Component, TimeModel, time_model
@@ -200,7 +200,10 @@ def _exact_findings(doc: Doc, model: TimeModel) -> list[Finding]:
             _sampled_words(sampled, model.samples),
         ]
         share = 100 * seconds / model.active_s
-        out += _family_finding(doc, key, fam, share, backends, listing, evidence, "timemodel")
+        names = {(c.wait_event_type, c.wait_event) for c in events}
+        whose = statements.top_part(doc, statements.in_events(names), seconds)
+        out += _family_finding(doc, key, fam, share, backends, listing, evidence, "timemodel",
+                               whose)  # fmt: skip
     cpu_share = 100 * model.cpu_s / model.active_s
     cpu_backends = model.cpu_s / window
     runq = sum(c.seconds for c in model.components if c.category == "runqueue")
@@ -213,6 +216,7 @@ def _exact_findings(doc: Doc, model: TimeModel) -> list[Finding]:
         f"{fmt.n(cpu_backends)} backends on or waiting for a CPU on average",
         " (time waiting for a CPU means more runnable backends than CPUs)",
         "timemodel",
+        statements.top_part(doc, statements.cpu_seconds, model.cpu_s),
     )
     return out
 
@@ -226,8 +230,10 @@ def _family_finding(
     listing: str,
     evidence: list[str],
     section_id: str,
+    whose: str = "",
 ) -> list[Finding]:
-    """The finding of one family of wait events (exact or sampled), if its share calls for it."""
+    """The finding of one family of wait events (exact or sampled), if its share calls for it;
+    whose: "; N % of it is <statement>" where the time model is keyed by statement."""
     severity = severity_of(share, WAIT_HIGH_PCT, WAIT_MEDIUM_PCT, WAIT_LOW_PCT)
     if severity is None:
         return []
@@ -239,7 +245,7 @@ def _family_finding(
             id=f"wait.{key}",
             severity=severity,
             title=f"{fmt.pct(share)} of active time waits on {fam.label} ({listing}): "
-            f"{fam.meaning}",
+            f"{fam.meaning}{whose}",
             evidence=fmt.join(evidence),
             next_step=_lwlock_step(doc, key, fam),
             magnitude=share,
@@ -250,7 +256,13 @@ def _family_finding(
 
 
 def _cpu_finding(
-    share: float, backends: float, what: str, evidence: str, step_tail: str, section_id: str
+    share: float,
+    backends: float,
+    what: str,
+    evidence: str,
+    step_tail: str,
+    section_id: str,
+    whose: str = "",
 ) -> list[Finding]:
     """CPU-bound backends (exact or sampled), if most of their active time is CPU."""
     if share < CPU_BOUND_PCT or backends < CPU_BOUND_BACKENDS:
@@ -259,7 +271,7 @@ def _cpu_finding(
         Finding(
             id="wait.cpu",
             severity="medium",
-            title=f"{fmt.pct(share)} of active time is {what}: the backends are CPU-bound",
+            title=f"{fmt.pct(share)} of active time is {what}: the backends are CPU-bound{whose}",
             evidence=evidence,
             next_step="the flame graph and the top functions show where the CPU goes; "
             f"compare the active backends with the number of CPUs{step_tail}",

@@ -8,7 +8,9 @@ cross-checks in one place:
   pg_wait_sampling), with idle and client waits left out since they are not the
   server's time;
 - slru.py: pg_stat_slru over exactly one probe window (SlruStats, clog-reads'
-  cross-check).
+  cross-check);
+- statements.py: compute_query_id, pg_stat_statements per query id over a window, and
+  statement texts (pgprobe queries, triage's statements).
 
 Every session is read-only (pgprobe.connection).
 """
@@ -24,6 +26,7 @@ from pgprobe.pgstats.counters import (
     slru_deltas,
 )
 from pgprobe.pgstats.slru import SLRU_COLUMNS, SLRU_DIRS, SLRU_SQL, SlruStats, slru_order
+from pgprobe.pgstats.statements import TextSampler, statement_texts
 
 __all__ = [
     "DATABASE_COLUMNS",
@@ -35,10 +38,12 @@ __all__ = [
     "ActivitySampler",
     "Counters",
     "SlruStats",
+    "TextSampler",
     "deltas",
     "fill_statement_texts",
     "first_line",
     "read_counters",
     "slru_deltas",
     "slru_order",
+    "statement_texts",
 ]

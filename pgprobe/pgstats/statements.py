@@ -123,6 +123,7 @@ class TextSampler(threading.Thread):
         self.by_id: dict[int, str] = {}
         self.by_key: dict[int, str] = {}
         self.error = ""
+        self.own_pid = 0  # its backend: pgprobe's, not the server's work
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -132,6 +133,7 @@ class TextSampler(threading.Thread):
     def run(self) -> None:
         try:
             with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                self.own_pid = conn.info.backend_pid
                 while True:
                     self._sample(conn)
                     if self._stop_event.wait(self.interval):

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -330,6 +331,13 @@ def meta(targets: Targets, info: RunInfo, snapshot: Snapshot, **extra: Any) -> d
     }
     data.update({k: v for k, v in extra.items() if v is not None})
     return data
+
+
+def wall_clock(*monotonic_ns: int) -> list[float]:
+    """Moments of the kernel's monotonic clock (the window's edges) as Unix times, to hold
+    beside a server log or a client's clock (the offset read now: the clocks move alike)."""
+    offset = time.time_ns() - time.monotonic_ns()
+    return [round((ns + offset) / 1e9, 6) for ns in monotonic_ns]
 
 
 def print_json(tool: str, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:

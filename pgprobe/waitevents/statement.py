@@ -19,6 +19,7 @@ for servers without query ids; NO_ENTRY: no entry read).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +28,13 @@ from pgprobe.waitevents import address, backend_state
 # offsetof(PgBackendStatus, ...) on x86_64
 QUERY_ID_OFFSET: dict[int, int] = {14: 424, 15: 424, 16: 424, 17: 424, 18: 424}
 ACTIVITY_RAW_OFFSET: dict[int, int] = {14: 248, 15: 248, 16: 248, 17: 248, 18: 248}
+ACTIVITY_START_OFFSET = 32  # st_activity_start_timestamp, the same in 14-18
+PG_EPOCH_NS = 946_684_800 * 10**9  # TimestampTz counts microseconds from 2000-01-01
 
 TEXT = 0x100
 NO_ENTRY = 0x200
+SPANNED = 0x400  # a run's part before its last statement began: an earlier statement's
+SPAN_MIN_NS = 1_000_000  # waits.bpf.c's: below it, the reading of the statement's message
 TEXT_MAX = 128  # bytes of a statement's text the probe hashes (waits.bpf.c's TEXT_MAX)
 _FNV_OFFSET, _FNV_PRIME, _MASK = 14695981039346656037, 1099511628211, (1 << 64) - 1
 
@@ -58,7 +63,8 @@ class StatementAddress:
         idle = sum(1 << names.index(n) for n in BETWEEN)
         return {"query_span": self.span, "qid_off": self.query_id_offset,
                 "raw_off": self.raw_offset, "idle_states": idle,
-                "active_state": names.index("active"), "text_hash": int(text_hash)}  # fmt: skip
+                "active_state": names.index("active"), "text_hash": int(text_hash),
+                "act_off": ACTIVITY_START_OFFSET, "pg_clock_ns": pg_clock_ns()}  # fmt: skip
 
 
 def find(state: backend_state.StateAddress | None, major: int) -> StatementAddress | None:
@@ -67,6 +73,12 @@ def find(state: backend_state.StateAddress | None, major: int) -> StatementAddre
         return None
     return StatementAddress(state.address, state.offset, ACTIVITY_RAW_OFFSET[major],
                             QUERY_ID_OFFSET[major], major)  # fmt: skip
+
+
+def pg_clock_ns() -> int:
+    """PostgreSQL's clock (TimestampTz, as ns) less the monotonic clock, now: a statement's
+    start on the probe's clock is its st_activity_start_timestamp * 1000 - this."""
+    return time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns() - PG_EPOCH_NS
 
 
 def text_key(text: bytes) -> int:
@@ -90,6 +102,7 @@ class Read:
     changecount: int
     state: int  # with the flags
     query_id: int  # unsigned, as the probe keys it
+    activity_start_us: int = 0  # st_activity_start_timestamp: microseconds since 2000
 
 
 def read(pid: int, where: StatementAddress, text_hash: bool, proc: Path = Path("/proc")) -> Read:
@@ -105,16 +118,17 @@ def read(pid: int, where: StatementAddress, text_hash: bool, proc: Path = Path("
         if len(raw) < where.span:
             raise OSError(f"short read of pid {pid}'s status entry")
         cc = int.from_bytes(raw[0:4], "little")
+        act = int.from_bytes(raw[ACTIVITY_START_OFFSET : ACTIVITY_START_OFFSET + 8], "little")
         state = raw[where.state_offset] & 0xFF
         qid = int.from_bytes(raw[where.query_id_offset : where.query_id_offset + 8], "little")
         if qid or not text_hash or state == 0:
-            return Read(cc, state, qid)
+            return Read(cc, state, qid, act)
         text_at = int.from_bytes(raw[where.raw_offset : where.raw_offset + 8], "little")
         if not text_at:
-            return Read(cc, state, 0)
+            return Read(cc, state, 0, act)
         mem.seek(text_at)
         text = mem.read(TEXT_MAX)
-        return Read(cc, state | TEXT, text_key(text))
+        return Read(cc, state | TEXT, text_key(text), act)
 
 
 def signed(query_id: int) -> int:

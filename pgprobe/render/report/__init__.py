@@ -57,6 +57,7 @@ from typing import Any
 from pgprobe import __version__
 from pgprobe.render.report import sections
 from pgprobe.render.report.sql import sql
+from pgprobe.render.report.statements import statements_section
 from pgprobe.render.report.templating import Markup, asset, esc, render
 from pgprobe.render.report.timebar import time_bar
 from pgprobe.render.report.timeline import timeline_svg
@@ -73,6 +74,7 @@ NAV = [
     ("overview", "DB time"),
     ("findings", "Findings"),
     ("timemodel", "Time model"),
+    ("statements", "Statements"),
     ("flame", "Flame graph"),
     ("lwlocks", "LWLocks"),
     ("slru", "SLRU reads"),
@@ -98,6 +100,7 @@ def render_html(doc: Mapping[str, Any], flame_svg: str | None) -> str:
         overview=time_bar(doc),
         findings=sections.findings_section(doc),
         timemodel=time_model_section(doc),
+        statements=statements_section(doc),
         flame=sections.flame(doc, flame_svg),
         lwlocks=sections.lwlocks(doc),
         slru=sections.slru(doc),

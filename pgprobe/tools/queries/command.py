@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from pgprobe import discover, waitevents
@@ -12,7 +13,6 @@ from pgprobe.pgstats import statements as pgss
 from pgprobe.tools import common
 from pgprobe.tools.queries import records, view
 from pgprobe.tools.waits import compiled, probe, querydim
-from pgprobe.tools.waits.command import wall_clock
 from pgprobe.waitevents import address, statement
 
 NAME = "queries"
@@ -73,10 +73,20 @@ def dimension(ns: argparse.Namespace, targets: Targets, ids: pgss.QueryIds) -> q
     return querydim.Dimension(found, text_hash=not ids.computed)
 
 
-def run(ns: argparse.Namespace) -> int:
-    targets = common.prepare(ns, probe.check_server)
+@dataclass
+class Captured:
+    """A window's statements, their meta and the capture's losses."""
+
+    rows: list[records.StatementTime]
+    meta: dict[str, Any]
+    info: Any
+    note: str | None
+    window_ns: int
+
+
+def capture_statements(ns: argparse.Namespace, targets: Targets) -> Captured:
+    """The time model per statement over ns.duration (waits --by query's too)."""
     cluster = targets.cluster
-    wei = event_value(cluster.major, ns.event) if ns.event else None
     conninfo = cluster.conninfo
     assert conninfo is not None
     with discover.connect_conninfo(conninfo) as conn:
@@ -84,7 +94,8 @@ def run(ns: argparse.Namespace) -> int:
         before = pgss.read_statements(conn)  # read again once the probes are in
     dim = dimension(ns, targets, ids)
     where = address.find(cluster.postmaster_pid, cluster.binary)
-    sampler = None if ns.no_text else pgss.TextSampler(conninfo)
+    no_text = getattr(ns, "no_text", False)
+    sampler = None if no_text else pgss.TextSampler(conninfo)
     capture = compiled.capture(probe.script_args(targets, where, None), ns.duration, query=dim)
     if sampler is not None:
         sampler.start()
@@ -105,8 +116,11 @@ def run(ns: argparse.Namespace) -> int:
     assert snapshot is not None and info is not None
     with discover.connect_conninfo(conninfo) as conn:
         after = pgss.read_statements(conn)
-        rows = records.statements(cluster.major, records.charges(snapshot), _keep(targets))
-        if not ns.no_text:
+        own = sampler.own_pid if sampler is not None else 0
+        keep = _keep(targets)
+        charged = records.charges(snapshot)
+        rows = records.statements(cluster.major, charged, lambda pid: pid != own and keep(pid))
+        if not no_text:
             ids_shown = [r.query_id for r in rows if r.query_id is not None
                          and not r.text_keyed]  # fmt: skip
             texts = {**(sampler.by_id if sampler else {}), **pgss.statement_texts(conn, ids_shown)}
@@ -119,28 +133,39 @@ def run(ns: argparse.Namespace) -> int:
     meta = common.meta(
         targets, info, snapshot,
         window_s=round((end - start) / 1e9, 6),
-        window_unix_s=wall_clock(start, end),
+        window_unix_s=common.wall_clock(start, end),
         db_time_us=round(db_ns / 1000, 3),
         outside_statements_us=round(records.outside_ns(rows) / 1000, 3),
+        not_split_us=round(records.spanned_ns(charged, keep) / 1000, 3),
         compute_query_id=ids.setting,
         query_ids=ids.computed,
         query_ids_note=note,
         statements_counters=before.by_id is not None,
         track_planning=before.track_planning,
-        texts=not ns.no_text,
+        texts=not getattr(ns, "no_text", False),
         texts_error=(sampler.error or None) if sampler else None,
     )  # fmt: skip
+    return Captured(rows, meta, info, note, end - start)
+
+
+def run(ns: argparse.Namespace) -> int:
+    targets = common.prepare(ns, probe.check_server)
+    cluster = targets.cluster
+    wei = event_value(cluster.major, ns.event) if ns.event else None
+    got = capture_statements(ns, targets)
+    rows, meta, info, note = got.rows, got.meta, got.info, got.note
+    db_ns, end_start = int(meta["db_time_us"] * 1000), got.window_ns
     if ns.query_id is not None:
         rows = [r for r in rows if r.query_id == ns.query_id]
     if wei is not None:
         rows = records.by_event(rows, wei)
     shown = rows[: ns.limit]
     if ns.json:
-        common.print_json(NAME, meta, [r.as_json(cluster.major, db_ns, end - start) for r in shown])
+        common.print_json(NAME, meta, [r.as_json(cluster.major, db_ns, end_start) for r in shown])
         _notes(meta, info, note, json=True)
         return 0
     title = common.title("DB time by statement", meta) + (
-        f"; DB time {db_ns / 1e9:.3f} s, {db_ns / max(end - start, 1):.2f} active sessions"
+        f"; DB time {db_ns / 1e9:.3f} s, {db_ns / max(end_start, 1):.2f} active sessions"
     )
     if ns.query_id is not None and shown:
         view.show_model(title.replace("by statement", f"of statement {ns.query_id}"), shown[0],
@@ -170,6 +195,13 @@ def _notes(meta: dict[str, Any], info: Any, note: str | None, json: bool) -> Non
         common.warn(f"{outside:.3f} s of DB time ({share:.1f} %) belongs to no statement: "
                     "background processes, sessions between statements, parsing before an "
                     "id is set", "note")  # fmt: skip
+    split = meta["not_split_us"] / 1e6
+    if split and meta["db_time_us"] and not json:
+        share = 100 * meta["not_split_us"] / meta["db_time_us"]
+        common.warn(f"up to {split:.3f} s of DB time ({share:.1f} %) may be charged to a later "
+                    "statement than the one that ran it: runs that began over 1 ms before their "
+                    "last statement (statements back to back with no sleep between, or "
+                    "preemptions before it began)", "note")  # fmt: skip
     if note:
         common.warn(note, "note")
     if meta.get("texts_error"):

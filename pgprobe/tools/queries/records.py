@@ -24,6 +24,10 @@ TEXT = "text"  # no query id on this server: grouped by the statement's text
 IDLE_IN_XACT = "idle in transaction"  # after the statement named
 NO_ID = "no query id"  # active without an id: parse analysis, statements without one
 OUTSIDE = "outside statements"  # background processes, a session woken between statements
+# A run's part before its last statement began (over 1 ms): it may hold earlier statements
+# of the same run (a client that sent the next one before the backend slept), which no
+# switch-out split. Counted, not a row: still charged to the run's last statement.
+SPANNED = "not split"
 
 Charges = dict[tuple[int, int, int, int, int], int]  # (tid, kind, state, wei, id) -> ns
 
@@ -107,6 +111,8 @@ def is_idle(major: int, wei: int) -> bool:
 def row_key(major: int, state: int, qid: int) -> tuple[str, int | None, bool]:
     """The row a charge belongs to, by the backend's state first and its id second (and
     whether that id is the key of its text)."""
+    if state & statement.SPANNED:
+        return SPANNED, None, False
     names = backend_state.STATE_NAMES.get(major, ())
     raw = state & 0xFF
     name = names[raw] if not state & statement.NO_ENTRY and raw < len(names) else ""
@@ -125,7 +131,7 @@ def statements(major: int, charged: Charges, keep: Callable[[int], bool]) -> lis
     """The rows, by DB time (idle time left out), of the processes kept."""
     rows: dict[tuple[str, int | None, bool], StatementTime] = {}
     for (tid, kind, state, wei, qid), ns in charged.items():
-        if not ns or not keep(tid):
+        if not ns or not keep(tid) or state & statement.SPANNED:
             continue
         if kind in (WAIT, WOKEN) and is_idle(major, wei):
             continue
@@ -169,6 +175,13 @@ def outside_ns(rows: Iterable[StatementTime]) -> int:
     return sum(r.db_ns for r in rows if r.kind in (OUTSIDE, NO_ID))
 
 
+def spanned_ns(charged: Charges, keep: Callable[[int], bool]) -> int:
+    """The parts of runs before their last statement began (over 1 ms): at most this much
+    DB time is charged to a later statement than the one that ran it."""
+    return sum(ns for (tid, _k, state, _w, _q), ns in charged.items()
+               if state & statement.SPANNED and keep(tid))  # fmt: skip
+
+
 def by_event(rows: list[StatementTime], wei: int) -> list[StatementTime]:
     """The rows with time in one wait event, ranked by it (--event)."""
     return sorted((r for r in rows if r.wait_ns.get(wei)), key=lambda r: -r.wait_ns[wei])
@@ -180,6 +193,45 @@ def grouped(rows: list[StatementTime]) -> dict[str, int]:
     for r in rows:
         out[r.kind] += r.db_ns
     return dict(out)
+
+
+def section(
+    rows: list[StatementTime], major: int, window_ns: int, not_split_ns: int, top: int = 10
+) -> dict[str, Any]:
+    """The statements part of a triage document: the top rows and the DB time's split."""
+    db_ns = sum(r.db_ns for r in rows)
+    return {
+        "db_time_us": round(db_ns / 1000, 3),
+        "outside_statements_us": round(outside_ns(rows) / 1000, 3),
+        "not_split_us": round(not_split_ns / 1000, 3),
+        "rows": [r.as_json(major, db_ns, window_ns) for r in rows[:top]],
+    }
+
+
+def components(row: StatementTime, major: int) -> list[dict[str, Any]]:
+    """One statement's time model, part by part (waits --by query's rows)."""
+    parts: list[tuple[str, str, str, int]] = [
+        ("on CPU", "CPU", "on CPU", row.cpu_ns),
+        ("runqueue", "CPU", "runqueue (preempted)", row.preempted_ns),
+        ("runqueue", "CPU", "runqueue (woken, not yet running)", row.woken_ns),
+    ]
+    for wei, ns in sorted(row.wait_ns.items(), key=lambda kv: -kv[1]):
+        wtype, wname = waitevents.name(major, wei)
+        parts.append(("wait", wtype, wname, ns))
+    head = {"kind": row.kind, "query_id": None if row.text_keyed else row.query_id,
+            "query": row.query}  # fmt: skip
+    return [
+        {
+            **head,
+            "category": c,
+            "wait_event_type": t,
+            "wait_event": e,
+            "total_us": round(ns / 1000, 3),
+            "share_pct": round(100 * ns / row.db_ns, 2) if row.db_ns else 0.0,
+        }  # fmt: skip
+        for c, t, e, ns in parts
+        if ns or c == "on CPU"
+    ]
 
 
 def named_waits(row: StatementTime, major: int, top: int | None = None) -> list[tuple[str, int]]:

@@ -8,7 +8,13 @@ import sys
 from typing import Any
 
 from pgprobe.render import table
-from pgprobe.tools.queries.records import IDLE_IN_XACT, STATEMENT, TEXT, StatementTime, named_waits
+from pgprobe.tools.queries.records import (
+    IDLE_IN_XACT,
+    STATEMENT,
+    TEXT,
+    StatementTime,
+    named_waits,
+)
 
 COLUMNS = [
     table.Column("db_s", "DB TIME s", numeric=True),
@@ -72,6 +78,41 @@ def show(title: str, rows: list[StatementTime], meta: dict[str, Any], major: int
     empty = f"no DB time in {meta['duration_s']:.1f} s"
     table.render(title, COLUMNS, [cells(r, major, db_ns, window_ns, width) for r in rows],
                  empty=empty)  # fmt: skip
+
+
+BY_QUERY_COLUMNS = [
+    table.Column("query_id", "QUERYID", numeric=True),
+    table.Column("category", "WHERE"),
+    table.Column("wait_event_type", "TYPE"),
+    table.Column("wait_event", "EVENT"),
+    table.Column("seconds", "SECONDS", numeric=True),
+    table.Column("share", "SHARE", numeric=True),
+    table.Column("query", "QUERY"),
+]
+
+
+def show_components(
+    title: str, rows: list[StatementTime], parts: list[list[dict[str, Any]]]
+) -> None:
+    """waits --by query: each statement's time model, its rows under its id and text."""
+    width = max(shutil.get_terminal_size((160, 24)).columns - 80, 30)
+    cells = []
+    for row, model in zip(rows, parts, strict=True):
+        for i, part in enumerate(model):
+            first = i == 0
+            qid = part["query_id"]
+            cells.append(
+                {
+                    "query_id": str(qid) if first and qid is not None else "",
+                    "category": part["category"],
+                    "wait_event_type": part["wait_event_type"],
+                    "wait_event": part["wait_event"],
+                    "seconds": f"{part['total_us'] / 1e6:,.3f}",
+                    "share": f"{part['share_pct']:.1f}%",
+                    "query": _one_line(label(row), width) if first else "",
+                }
+            )
+    table.render(title, BY_QUERY_COLUMNS, cells, empty="no DB time")
 
 
 def show_model(title: str, row: StatementTime, major: int) -> None:

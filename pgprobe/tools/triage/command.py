@@ -14,19 +14,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pgprobe import outfile
+from pgprobe import discover, outfile
 from pgprobe.discover import Targets
 from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.findings import findings_json
+from pgprobe.pgstats import statements
 from pgprobe.render import flamegraph, report
 from pgprobe.tools import common, flame, profiling
+from pgprobe.tools.queries import records as query_records
 from pgprobe.tools.triage import parts, records, view
 from pgprobe.tools.triage.window import NAME, capture_window
+from pgprobe.tools.waits import compiled, querydim
 from pgprobe.tools.waits import probe as waits_probe
 from pgprobe.tools.waits import records as waits_records
 from pgprobe.tools.waits import targets as waits_targets
-from pgprobe.waitevents import address
+from pgprobe.waitevents import address, statement
 
 DEFAULT_DURATION_S = 30.0
 
@@ -124,7 +127,8 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
     runs_before = waits_targets.run_counts(waits_targets.watched(targets))
     discovered = waits_targets.identities(runs_before)
     args = waits_probe.script_args(targets, where, None)
-    capture = waits_probe.capture(ns, args)
+    dimension = _query_dimension(ns, targets, where)
+    capture = waits_probe.capture(ns, args, query=dimension)
 
     def section(snapshot: Snapshot, info: RunInfo) -> dict[str, Any]:
         slept_in = waits_targets.asleep_all_along(targets, runs_before)
@@ -149,9 +153,38 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
         describe = waits_targets.describe(targets)
         out = records.time_model_section(procs, targets.cluster.major, describe, meta)
         out["_lost"] = sum(meta["unseen_events"].values())  # counted in meta.losses
+        if "query_ns" in snapshot.maps and dimension is not None:
+            postmaster = cluster.postmaster_pid
+            kept = set(targets.pids) if not targets.whole_cluster else None
+            charged = query_records.charges(snapshot)
+
+            def keep(pid: int) -> bool:
+                return pid != postmaster and (kept is None or pid in kept)
+
+            rows = query_records.statements(cluster.major, charged, keep)
+            split = query_records.spanned_ns(charged, keep)
+            out["statements"] = query_records.section(rows, cluster.major, end - start, split)
+            out["statements"]["query_ids"] = not dimension.text_hash
         return out
 
     return parts.Part("waits", capture, section, late=True)
+
+
+def _query_dimension(
+    ns: argparse.Namespace, targets: Targets, where: address.WaitEventAddress
+) -> querydim.Dimension | None:
+    """The time model keyed by statement too, where the compiled object runs and the
+    server's statements can be read (else the report says so in its statements part)."""
+    cluster = targets.cluster
+    found = statement.address_of(where, cluster.major)
+    if found is None or compiled.why_not(ns) is not None or cluster.conninfo is None:
+        return None
+    try:
+        with discover.connect_conninfo(cluster.conninfo) as conn:
+            ids = statements.query_ids(conn)
+    except PgprobeError:
+        return None
+    return querydim.Dimension(found, text_hash=not ids.computed)
 
 
 # The parts, the time model first (its section comes first in the report).

@@ -40,6 +40,7 @@ def capture_window(
     warnings: list[str] = []
     parts = start_parts(with_slack(ns), targets, starters, warnings)
     sampler = pgstats.ActivitySampler(conninfo, keep_counters=True)
+    texts = pgstats.TextSampler(conninfo)  # the statements' texts, by id and by text key
     window: dict[str, Any] = {"before": None, "max_connections": None}
 
     def on_attached() -> None:
@@ -53,6 +54,7 @@ def capture_window(
             window["lost"] = _reason(exc)
             return
         sampler.start()
+        texts.start()
 
     def on_edge(edge: str) -> None:
         # pg_stat_slru beside the SLRU capture: read when its probes start and stop counting.
@@ -69,6 +71,8 @@ def capture_window(
         # Names while pgprobe's own sampler still runs: the time model leaves it out.
         discover.refresh_backends(targets.cluster)
         sampler.stop()
+    if texts.is_alive():
+        texts.stop()
     before, started_at = window["before"], window["started_at"]
     after, gone = _close_window(conninfo, before, sampler, window.get("lost"))
     if sampler.error:
@@ -119,6 +123,7 @@ def capture_window(
             doc.update(section)  # the hot and flame sections, and the profile for the SVG
         else:
             doc[part.name] = section
+    _statement_texts(conninfo, doc, texts, warnings)
     live, stopped = window.get("clog_live"), window.get("clog_stopped")
     if (
         doc["stats"] is not None
@@ -139,6 +144,28 @@ def capture_window(
     doc["meta"]["server_went_away"] = gone
     doc["meta"]["slru_stats_window_s"] = window.get("slru_window_s")
     return doc
+
+
+def _statement_texts(
+    conninfo: str, doc: dict[str, Any], sampled: pgstats.TextSampler, warnings: list[str]
+) -> None:
+    """The texts of the time model's statements: pg_stat_statements' (by query id), else
+    the first that pg_stat_activity showed in the window (by id, or by text key)."""
+    rows = ((doc.get("waits") or {}).get("statements") or {}).get("rows") or []
+    ids = [r["query_id"] for r in rows if r.get("query_id") is not None]
+    texts: dict[int, str] = {}
+    try:
+        if ids:
+            with discover.connect_conninfo(conninfo) as conn:
+                texts = pgstats.statement_texts(conn, ids)
+    except Exception as exc:  # noqa: BLE001 - the server went away: ids without texts
+        warnings.append(f"waits: statement texts not read ({_reason(exc)})")
+    for row in rows:
+        if row.get("text_key") is not None:
+            row["query"] = sampled.by_key.get(row["text_key"], "")
+        elif row.get("query_id") is not None:
+            qid = row["query_id"]
+            row["query"] = texts.get(qid) or sampled.by_id.get(qid, "")
 
 
 def _reason(exc: BaseException) -> str:

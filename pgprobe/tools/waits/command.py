@@ -13,6 +13,9 @@ from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common, pprof_export
 from pgprobe.tools.flame.output import check_output
+from pgprobe.tools.queries import command as queries_command
+from pgprobe.tools.queries import records as query_records
+from pgprobe.tools.queries import view as query_view
 from pgprobe.tools.waits import offcpu, probe, records, stacks, view
 from pgprobe.tools.waits.targets import (
     asleep_all_along,
@@ -27,6 +30,7 @@ from pgprobe.tools.waits.targets import (
 from pgprobe.waitevents import address
 
 NAME = "waits"
+BY_QUERY_TOP = 10
 
 
 def add_parser(sub: Any) -> None:
@@ -38,7 +42,9 @@ def add_parser(sub: Any) -> None:
         "event as pg_stat_activity names it, idle, not accounted.",
     )
     common.add_tracing_arguments(parser, default_duration=10)
-    parser.add_argument("--by", choices=["pid"], help="one time model per process")
+    parser.add_argument("--by", choices=["pid", "query"],
+                        help="one time model per process, or per statement (the top "
+                        f"{BY_QUERY_TOP}; pgprobe queries ranks them all)")  # fmt: skip
     parser.add_argument(
         "--interval",
         type=common.positive_int,
@@ -50,6 +56,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.by == "query":
+        return by_query(ns)
     by_pid = ns.by == "pid"
     if ns.interval and ns.interval > ns.duration:
         raise PgprobeError(
@@ -79,6 +87,29 @@ def run(ns: argparse.Namespace) -> int:
               f"{records.RECYCLE_AFTER_EXITED:,}); the time it takes to attach again is in "
               "no window (meta untraced_before_s)", file=sys.stderr)  # fmt: skip
         untraced_s = -last.end_ns / 1e9  # + the next tracer's start, at its first window
+
+
+def by_query(ns: argparse.Namespace) -> int:
+    """--by query: the time model of each of the top statements (pgprobe queries' capture)."""
+    if ns.interval or ns.stacks:
+        flag = "--interval" if ns.interval else "--stacks"
+        raise PgprobeError(f"--by query takes no {flag} (one table per capture)", EXIT_USAGE)
+    targets = common.prepare(ns, probe.check_server)
+    major = targets.cluster.major
+    got = queries_command.capture_statements(ns, targets)
+    rows = got.rows[:BY_QUERY_TOP]
+    parts = [query_records.components(r, major) for r in rows]
+    if ns.json:
+        common.print_json(NAME, got.meta, [p for model in parts for p in model])
+    else:
+        title = common.title("Time model by statement", got.meta) + (
+            f"; top {len(rows)} of {len(got.rows)} by DB time"
+        )
+        query_view.show_components(title, rows, parts)
+    common.print_losses(got.info)
+    if got.note:
+        common.warn(got.note, "note")
+    return 0
 
 
 @dataclass
@@ -172,7 +203,7 @@ def emit(
         snapshot,
         interval=ns.interval,
         window_s=round((end - start) / 1e9, 6),
-        window_unix_s=wall_clock(start, end),
+        window_unix_s=common.wall_clock(start, end),
         processes=len(procs),
         process_seconds=round(sum(p.wall_ns for p in procs) / 1e9, 6),
         exited_pids=[p.pid for p in procs if p.exited],
@@ -204,13 +235,6 @@ def emit(
         # The graph's file after the table: a full disk then loses the file, not the table.
         assert off is not None and fmt is not None and namer is not None
         emit_stacks(ns, fmt, off, meta, targets, namer)
-
-
-def wall_clock(*monotonic_ns: int) -> list[float]:
-    """Moments of the kernel's monotonic clock (the window's edges) as Unix times, to hold
-    beside a server log or a client's clock (the offset read now: the clocks move alike)."""
-    offset = time.time_ns() - time.monotonic_ns()
-    return [round((ns + offset) / 1e9, 6) for ns in monotonic_ns]
 
 
 def show(

@@ -49,7 +49,9 @@ _HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
 HIST_SLOTS = 48
 _HIST_AT = 15
 _QUERY_AT = _HIST_AT + HIST_SLOTS  # the query dimension's fields (querydim.FIELDS)
-_TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{querydim.FIELDS}Q")
+# after the histogram: the query dimension's fields
+TAIL_FIELDS = querydim.FIELDS
+_TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
 _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
 
@@ -283,7 +285,7 @@ def _open(raw: RawTask) -> querydim.Open:
         asleep_in = a
     # else: no sleep under way at `since` (forked, or running at the seed: the clocks'
     # difference), or a sleep not seen (counted by the object at the next switch-out)
-    return querydim.Open(on_cpu, queued - woken, woken, slept, asleep_in, a)
+    return querydim.Open(on_cpu, queued - woken, woken, slept, asleep_in, a, when)
 
 
 def read(
@@ -390,7 +392,8 @@ def _query_ns(
     rodata = query.rodata()
 
     def fields(raws: dict[int, RawTask]) -> dict[int, tuple[int, ...]]:
-        return {pid: (*_TASK.unpack(raw[0])[_QUERY_AT:], pid) for pid, raw in raws.items()}
+        end = _QUERY_AT + querydim.FIELDS
+        return {pid: (*_TASK.unpack(raw[0])[_QUERY_AT:end], pid) for pid, raw in raws.items()}
 
     def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
         raw = after[pid] if q == fields_after.get(pid) else before[pid]

@@ -23,8 +23,9 @@ from pgprobe.engines.base import AggValue, Key
 from pgprobe.waitevents import statement
 
 CPU, PREEMPTED, WOKEN, WAIT = 1, 2, 3, 4
-# qa_state, qa_id, cc0; r_state, r_id, r_cpu, r_rq2; s_state, s_id, s_wei, s_wait, s_rq3
-FIELDS = 12
+# qa_state, qa_id, cc0; r_state, r_id, r_cpu, r_rq2; s_state, s_id, s_wei, s_wait, s_rq3;
+# span (runs' parts before their last statement)
+FIELDS = 13
 _KEY = struct.Struct("<IIIIQ")  # tid, kind << 16 | state, wei, pad, id
 _U64 = struct.Struct("<Q")
 
@@ -64,6 +65,7 @@ class Open:
     slept: int
     asleep_in: int | None  # the wait event of the open sleep (None: none under way)
     woken_in: int  # the wait event the runqueue time after a wakeup is charged with
+    read_at: int = 0  # when the counters were read (monotonic ns): the open run's end
 
 
 Charges = dict[tuple[int, int, int, int, int], int]
@@ -87,6 +89,19 @@ def run_key(
     return now.state, now.query_id
 
 
+def _before_statement(
+    q: tuple[int, ...], now: statement.Read | None, open_: Open, rodata: dict[str, int]
+) -> int:
+    """The part of the open run before the statement read now began (waits.bpf.c's
+    Q_SPANNED): an earlier statement of the same run, past SPAN_MIN_NS."""
+    run = open_.on_cpu + open_.preempted
+    if now is None or not now.activity_start_us or now.changecount == q[2] or not run:
+        return 0
+    began = now.activity_start_us * 1000 - rodata["pg_clock_ns"]
+    since = open_.read_at - run
+    return min(began - since, run) if began - since > statement.SPAN_MIN_NS else 0
+
+
 def charges(
     tid: int, q: tuple[int, ...], open_: Open, now: statement.Read | None, rodata: dict[str, int]
 ) -> Charges:
@@ -98,9 +113,13 @@ def charges(
     _add(out, (tid, PREEMPTED, r_state, 0, r_id), r_rq2)
     _add(out, (tid, WAIT, s_state, s_wei, s_id), s_wait)
     _add(out, (tid, WOKEN, s_state, s_wei, s_id), s_rq3)
+    _add(out, (tid, CPU, statement.SPANNED, 0, 0), q[12])
     rs, rid = run_key(q, now, rodata)
-    _add(out, (tid, CPU, rs, 0, rid), open_.on_cpu)
-    _add(out, (tid, PREEMPTED, rs, 0, rid), open_.preempted)
+    before = _before_statement(q, now, open_, rodata)
+    cpu_before = open_.on_cpu * before // (open_.on_cpu + open_.preempted) if before else 0
+    _add(out, (tid, CPU, statement.SPANNED, 0, 0), before)
+    _add(out, (tid, CPU, rs, 0, rid), open_.on_cpu - cpu_before)
+    _add(out, (tid, PREEMPTED, rs, 0, rid), open_.preempted - (before - cpu_before))
     _add(out, (tid, WOKEN, qa_state, open_.woken_in, qa_id), open_.woken)
     if open_.asleep_in is not None:
         _add(out, (tid, WAIT, qa_state, open_.asleep_in, qa_id), open_.slept)
