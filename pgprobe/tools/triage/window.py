@@ -88,13 +88,6 @@ def capture_window(
         "activity": sampler.document() if before is not None else None,
         "stats": pgstats.deltas(before, after) if before and after else None,
     }
-    statements = (doc["stats"] or {}).get("statements")
-    if statements:
-        try:
-            with discover.connect_conninfo(conninfo) as conn:
-                pgstats.fill_statement_texts(conn, statements)
-        except Exception as exc:  # noqa: BLE001 - the server went away: ids without texts
-            warnings.append(f"stats: statement texts not read ({_reason(exc)})")
     if gone is not None:
         warnings.append(
             f"stats, activity: {gone['what']} at {gone['at']}: PostgreSQL's statistics and "
@@ -149,17 +142,22 @@ def capture_window(
 def _statement_texts(
     conninfo: str, doc: dict[str, Any], sampled: pgstats.TextSampler, warnings: list[str]
 ) -> None:
-    """The texts of the time model's statements: pg_stat_statements' (by query id), else
-    the first that pg_stat_activity showed in the window (by id, or by text key)."""
+    """The texts of the statements shown, read once for both parts (pg_stat_statements'
+    deltas and the time model's statements): pg_stat_statements' text by query id, else the
+    first that pg_stat_activity showed in the window (by id, or by text key)."""
+    stats_rows = (doc["stats"] or {}).get("statements") or []
     rows = ((doc.get("waits") or {}).get("statements") or {}).get("rows") or []
-    ids = [r["query_id"] for r in rows if r.get("query_id") is not None]
+    ids = sorted({r["queryid"] for r in stats_rows if r.get("queryid") is not None}
+                 | {r["query_id"] for r in rows if r.get("query_id") is not None})  # fmt: skip
     texts: dict[int, str] = {}
     try:
         if ids:
             with discover.connect_conninfo(conninfo) as conn:
                 texts = pgstats.statement_texts(conn, ids)
     except Exception as exc:  # noqa: BLE001 - the server went away: ids without texts
-        warnings.append(f"waits: statement texts not read ({_reason(exc)})")
+        warnings.append(f"stats: statement texts not read ({_reason(exc)})")
+    for stat in stats_rows:
+        stat["query"] = texts.get(stat.get("queryid"), "")
     for row in rows:
         if row.get("text_key") is not None:
             row["query"] = sampled.by_key.get(row["text_key"], "")
