@@ -52,7 +52,12 @@ def event_value(major: int, text: str) -> int:
     return wei
 
 
-def dimension(ns: argparse.Namespace, targets: Targets, ids: pgss.QueryIds) -> querydim.Dimension:
+def dimension(
+    ns: argparse.Namespace,
+    targets: Targets,
+    where: address.WaitEventAddress,
+    ids: pgss.QueryIds,
+) -> querydim.Dimension:
     """The query dimension for this server, or a one-line refusal."""
     why = compiled.why_not(ns)
     if why is not None:
@@ -62,7 +67,6 @@ def dimension(ns: argparse.Namespace, targets: Targets, ids: pgss.QueryIds) -> q
             EXIT_ENV,
         )
     cluster = targets.cluster
-    where = address.find(cluster.postmaster_pid, cluster.binary)
     found = statement.address_of(where, cluster.major)
     if found is None:
         raise PgprobeError(
@@ -92,8 +96,8 @@ def capture_statements(ns: argparse.Namespace, targets: Targets) -> Captured:
     with discover.connect_conninfo(conninfo) as conn:
         ids = pgss.query_ids(conn)
         before = pgss.read_statements(conn)  # read again once the probes are in
-    dim = dimension(ns, targets, ids)
     where = address.find(cluster.postmaster_pid, cluster.binary)
+    dim = dimension(ns, targets, where, ids)
     no_text = getattr(ns, "no_text", False)
     sampler = None if no_text else pgss.TextSampler(conninfo)
     capture = compiled.capture(probe.script_args(targets, where, None), ns.duration, query=dim)

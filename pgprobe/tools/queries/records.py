@@ -24,10 +24,6 @@ TEXT = "text"  # no query id on this server: grouped by the statement's text
 IDLE_IN_XACT = "idle in transaction"  # after the statement named
 NO_ID = "no query id"  # active without an id: parse analysis, statements without one
 OUTSIDE = "outside statements"  # background processes, a session woken between statements
-# A run's part before its last statement began (over 1 ms): it may hold earlier statements
-# of the same run (a client that sent the next one before the backend slept), which no
-# switch-out split. Counted, not a row: still charged to the run's last statement.
-SPANNED = "not split"
 
 Charges = dict[tuple[int, int, int, int, int], int]  # (tid, kind, state, wei, id) -> ns
 
@@ -111,8 +107,6 @@ def is_idle(major: int, wei: int) -> bool:
 def row_key(major: int, state: int, qid: int) -> tuple[str, int | None, bool]:
     """The row a charge belongs to, by the backend's state first and its id second (and
     whether that id is the key of its text)."""
-    if state & statement.SPANNED:
-        return SPANNED, None, False
     names = backend_state.STATE_NAMES.get(major, ())
     raw = state & 0xFF
     name = names[raw] if not state & statement.NO_ENTRY and raw < len(names) else ""
@@ -177,7 +171,8 @@ def outside_ns(rows: Iterable[StatementTime]) -> int:
 
 def spanned_ns(charged: Charges, keep: Callable[[int], bool]) -> int:
     """The parts of runs before their last statement began (over 1 ms): at most this much
-    DB time is charged to a later statement than the one that ran it."""
+    DB time is charged to a later statement than the one that ran it (counted, not a row:
+    statements() leaves these charges out, the time is the run's last statement's)."""
     return sum(ns for (tid, _k, state, _w, _q), ns in charged.items()
                if state & statement.SPANNED and keep(tid))  # fmt: skip
 

@@ -8,7 +8,11 @@ turned into waits.bt's here, the interval still open at a read closed on /proc's
 built it (in a checkout), or the wheel carries it (hatch_build.py compiles it into the
 wheel: pgprobe/bpf/build/), and this kernel loads it (raw BTF tracepoints and task storage,
 Linux 5.13+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line.
-`--engine bpftrace` asks for the script."""
+`--engine bpftrace` asks for the script.
+
+Kept in one module (~400 lines) because the @task layout, the seed that writes it and the
+reads that close its open intervals must agree field by field with bpf/waits.bpf.c; the
+query dimension's own part of that (its fields, charges and map) is querydim.py."""
 
 from __future__ import annotations
 
@@ -140,7 +144,7 @@ def rodata(args: list[int | Path]) -> dict[str, int]:
 def _empty(obj: libbpf.BpfObject, pids: list[int]) -> None:
     """A fresh capture's maps in an object that ran before (detached): no totals, and no
     @task entry left to these processes (a task storage map cannot be walked: by pidfd)."""
-    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start", "query_ns"):
+    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start", "query_ns", "exit_query"):
         obj.clear(name)
     for pid in pids:
         with contextlib.suppress(OSError), _pidfd(pid) as pidfd:
