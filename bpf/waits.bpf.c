@@ -179,6 +179,7 @@ struct task_state {
 	__u64 r_state, r_id, r_cpu, r_rq2;
 	__u64 s_state, s_id, s_wei, s_wait, s_rq3;
 	__u64 span;	/* running total of Q_SPANNED time (to @query_ns at the exit) */
+	__u64 slept_p;	/* first_sleep() at its first preemption since `since` (0: none) */
 };
 /* A statement read at a switch-out: the status entry's change count, state, id. */
 struct query {
@@ -523,19 +524,17 @@ static __always_inline __u64 read_wait_event(struct task_state *t, struct query 
  * The interval from the entry's `since` to now, on the kernel's counters: on CPU and in
  * a runqueue (before the first preemption: woken, not yet running; after it: preempted),
  * and the rest asleep: the sleep begun at `since`, in `a`. nv: the process's voluntary
- * switches now, this one's included; run: one_run(). pgprobe's compiled.py closes an open
- * interval the same way at a read (without one_run: /proc has no last_arrival); keep the
+ * switches now, this one's included; known: first_sleep(). pgprobe's compiled.py closes an open
+ * interval the same way at a read (with slept_p when the entry has it); keep the
  * two alike.
  */
 static __always_inline void close_interval(struct task_state *t, __u32 tid, __u64 now,
-					   __u64 cpu, __u64 rd, __u64 nv, __u64 run, __u64 tail,
+					   __u64 cpu, __u64 rd, __u64 nv, __u64 known, __u64 tail,
 					   struct query *q)
 {
 	__u64 span = now > t->since ? now - t->since : 0, dcpu = cpu - t->cpu0;
 	__u64 dq = rd - t->rd0, woken, slept, sleeps = nv - t->nv0, wei = t->a;
 
-	if (run > dcpu)
-		dcpu = run;	/* its one run's wall time: with the steal and IRQ time in it */
 	if (tail) {
 		/*
 		 * The counters grew after `now`, the process's end (on_exit): `tail` ns on CPU
@@ -547,6 +546,8 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 		tail -= cut;
 		dq -= tail < dq ? tail : dq;
 	}
+	if (known && span > dq + known - 1 && span - dq - (known - 1) > dcpu)
+		dcpu = span - dq - (known - 1);	/* its runs' wall time (first_sleep) */
 	if (dcpu > span)
 		dcpu = span;
 	if (dq > span - dcpu)
@@ -610,21 +611,27 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 }
 
 /*
- * The wall time of the run ending now, when it is the only one since `since` (no
- * preemption noted; the state's own switch-out seen, so the run began after it), else 0.
+ * The sleep begun at `since`, measured at the switch-out that ends the first run after
+ * it (the first preemption's, else the sleep's own): the time since `since` less that
+ * run's wall time (last_arrival to now, on the runqueue's clock) and the wait for a CPU
+ * before it (run_delay's growth, rd), +1; 0 when the run was not seen from its start.
+ * What is left of the interval past the sleep and the runqueue waits is on CPU:
  * sum_exec_runtime leaves out what the hypervisor took (steal) and, with IRQ time
- * accounting, interrupts: the process was on its CPU then all the same (as waits.bt
- * charges it), and that time must not be left for the sleep. An interval of several runs
- * still leaves their steal to the sleep before them (docs/queries.md, Limits: summing each
- * run's wall time here overcounted by 6-11 % in tests, not understood yet).
+ * accounting, interrupts, but the process was on its CPU then all the same (waits.bt's
+ * clock and pg_stat_statements' count it), and that time must not go to the sleep.
  */
-static __always_inline __u64 one_run(struct task_state *t, struct task_struct *p)
+static __always_inline __u64 first_sleep(struct task_state *t, struct task_struct *p,
+					 __u64 now, __u64 rd)
 {
-	if (t->rd_p || (t->state != ASLEEP && t->state != STARTED))
+	if (t->state != ASLEEP && t->state != STARTED)
 		return 0;
 	__u64 arrived = p->sched_info.last_arrival;
 	__u64 clock = p->se.cfs_rq->rq->clock;	/* this CPU's, updated for this switch */
-	return arrived && clock > arrived ? clock - arrived : 0;
+	if (!arrived || clock <= arrived)
+		return 0;
+	__u64 before = clock - arrived + (rd > t->rd0 ? rd - t->rd0 : 0);
+	__u64 span = now > t->since ? now - t->since : 0;
+	return span > before ? span - before + 1 : 1;
 }
 
 SEC("tp_btf/sched_switch")
@@ -642,8 +649,11 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		 * pending signal also comes here, counted as a voluntary switch: not a sleep.
 		 */
 		if (t) {
-			if (!t->rd_p)
-				t->rd_p = prev->sched_info.run_delay + 1;
+			if (!t->rd_p) {
+				__u64 rd = prev->sched_info.run_delay;
+				t->rd_p = rd + 1;
+				t->slept_p = first_sleep(t, prev, bpf_ktime_get_ns(), rd);
+			}
 			if (!preempt)
 				t->nv0 = prev->nvcsw;
 		}
@@ -675,7 +685,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				bpf_map_delete_elem(&exit_query, &tid);
 			}
 		}
-		close_interval(t, tid, end, cpu, rd, nv, one_run(t, prev), now - end, &q);
+		__u64 known = t->rd_p ? t->slept_p : first_sleep(t, prev, now, rd);
+		close_interval(t, tid, end, cpu, rd, nv, known, now - end, &q);
 	} else {
 		/*
 		 * Not seeded yet, its fork not seen: from @start (counters at the window's
@@ -731,6 +742,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	t->qa_id = q.id;
 	t->cc0 = q.cc;
 	t->rd_p = 0;
+	t->slept_p = 0;
 	t->cpu0 = cpu;
 	t->rd0 = rd;
 	t->nv0 = nv;

@@ -98,15 +98,19 @@ def perf_event_fds(pid: int) -> int:
 TRIAGE_FIXTURES = Path(__file__).parent / "fixtures" / "triage"
 
 
-@functools.cache
 def steal_ticks() -> int:
-    """The machine's steal time (the hypervisor ran another guest) in /proc/stat ticks."""
+    """The machine's steal time (the hypervisor ran another guest) in /proc/stat ticks,
+    read now (never cached: it was, by a misplaced decorator, and every steal bound of
+    the suite was one tick whatever the steal)."""
     return int(Path("/proc/stat").read_text().split("\n", 1)[0].split()[8])
 
 
 def steal_seconds_since(ticks_before: int) -> float:
-    """Steal time since a steal_ticks() reading, rounded up by one tick, in seconds."""
-    return (steal_ticks() - ticks_before + 1) / os.sysconf("SC_CLK_TCK")
+    """Steal time since a steal_ticks() reading, in seconds, rounded up by one tick and one
+    more per CPU: a CPU adds its steal to /proc/stat at its own tick, so up to a tick of it
+    is not there yet at a read."""
+    ticks = steal_ticks() - ticks_before + 1 + (os.cpu_count() or 1)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def assert_samples_match_cpu(
@@ -121,6 +125,7 @@ def assert_samples_match_cpu(
     assert low <= samples <= high, (samples, cpu_s, steal_s, detail)
 
 
+@functools.cache
 def _recorded_triage(name: str) -> str:
     return (TRIAGE_FIXTURES / f"{name}.json").read_text(encoding="utf-8")
 

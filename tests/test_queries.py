@@ -260,17 +260,6 @@ def statements_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
             and not r["query"].upper().startswith(TRANSACTION_CONTROL)]  # fmt: skip
 
 
-# Open (issue 33): on this VM under load the hypervisor steals a third of the busy time;
-# the compiled time model leaves the steal of a run interrupted by preemptions to the sleep
-# before it (ClientRead, idle: no DB time), while pg_stat_statements' wall clock holds it.
-# The heavier statement then measures 0.60-0.86 of pg_stat_statements' time (1.04 with each
-# run's wall time summed, which overcounted CPU by 6-11 % elsewhere). Not strict: passes on
-# a quiet host (1.05-1.14 measured), reported in the run either way.
-STEAL_LEAK = pytest.mark.xfail(strict=False, reason="steal of multi-run intervals charged "
-                               "to the sleep before them (docs/queries.md, Limits)")  # fmt: skip
-
-
-@STEAL_LEAK
 def test_pgbench_statements_against_pg_stat_statements(pg_build: PgBuild, tracing: None) -> None:
     need(compiled.object_path() is not None, "bpf/build/waits.bpf.o: run scripts/build-bpf")
     doc, truth = pgbench_window(pg_build, 4)
@@ -296,7 +285,6 @@ def test_pgbench_statements_against_pg_stat_statements(pg_build: PgBuild, tracin
 
 
 @pytest.mark.once
-@STEAL_LEAK
 def test_time_not_split_among_statements_is_counted(pg_build: PgBuild, tracing: None) -> None:
     """At half the rate, runs span statements (the client sends the next one before the
     backend sleeps): the heavy statement's own row may fall short of pg_stat_statements,

@@ -47,6 +47,7 @@ from helpers import (
     bpftrace_child,
     cluster_for,
     perf_event_fds,
+    steal_seconds_since,
     steal_ticks,
 )
 
@@ -371,7 +372,7 @@ def test_time_model_against_truth(
         after = settled(watched)
         probe.send_signal(signal.SIGINT)
         out, err = probe.communicate(timeout=120)
-        steal_after = steal_ticks()
+        steal_us = steal_seconds_since(steal_before) * 1e6
         assert {n: schedstat(p) for n, p in watched.items()} == after, "ran while stopping"
     finally:
         for burner in burners:
@@ -417,7 +418,6 @@ def test_time_model_against_truth(
     assert lock_s >= 0.9 * truth, (lock_s, truth)
 
     # Stolen time (/proc/stat counts it in whole ticks, truncated): at most one tick more.
-    steal_us = (steal_after - steal_before + 1) * 1e6 / os.sysconf("SC_CLK_TCK")
     unseen = doc["meta"]["unseen_events"]
     print(f"steal under {steal_us:.0f} us; probe runs the kernel skipped: "
           f"{doc['meta']['missed_runs']}; events the script saw missing: {unseen} "
@@ -545,7 +545,7 @@ def test_interval_windows_add_up_to_the_truth(waits_cluster: PgCluster) -> None:
         conn.execute("SELECT pg_sleep(1)")
         after = settled({"s": pid})["s"]
         out, err = probe.communicate(timeout=120)
-        steal_after = steal_ticks()
+        steal_us = steal_seconds_since(steal_before) * 1e6
         assert schedstat(pid) == after, "ran while stopping"
     finally:
         if probe.poll() is None:
@@ -569,7 +569,6 @@ def test_interval_windows_add_up_to_the_truth(waits_cluster: PgCluster) -> None:
     windows = [round(d["meta"]["window_s"], 3) for d in docs]
     cpu_truth = (after[0] - before[0]) / 1e3
     runs = after[2] - before[2]
-    steal_us = (steal_after - steal_before + 1) * 1e6 / os.sysconf("SC_CLK_TCK")
     for d in docs:
         print(d["meta"]["window_s"], d["meta"]["unseen_events"], d["meta"]["lost_pids"],
               [(r["category"], r["wait_event"], r["total_us"], r["wall_us"])

@@ -53,8 +53,9 @@ _HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
 HIST_SLOTS = 48
 _HIST_AT = 15
 _QUERY_AT = _HIST_AT + HIST_SLOTS  # the query dimension's fields (querydim.FIELDS)
-# after the histogram: the query dimension's fields
-TAIL_FIELDS = querydim.FIELDS
+# after the histogram: the query dimension's fields, then slept_p (the sleep begun at
+# `since` as measured at its first preemption since, +1; 0: none)
+TAIL_FIELDS = querydim.FIELDS + 1
 _TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
 _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
@@ -215,7 +216,7 @@ def _seed(
         state = SEEDED_ASLEEP if sleeping and last.runs == base.runs else SEEDED_RUNNING
         fields = query.seed(pid) if query else (0,) * querydim.FIELDS
         value = _TASK.pack(since, state, wei, 0, *totals, base.cpu_ns, base.runq_ns,
-                           base.sleeps, *[0] * (3 + HIST_SLOTS), *fields)  # fmt: skip
+                           base.sleeps, *[0] * (3 + HIST_SLOTS), *fields, 0)  # fmt: skip
         with contextlib.suppress(OSError, libbpf.LibbpfError), _pidfd(pid) as pidfd:
             obj.update("task", _I32.pack(pidfd), value, only_new=True)  # refused: exited
 
@@ -279,7 +280,15 @@ def _open(raw: RawTask) -> querydim.Open:
     entry, when, counters = raw
     since, state, a, rd_p = _TASK.unpack(entry)[:4]
     cpu0, rd0, nv0 = _TASK.unpack(entry)[9:12]
-    on_cpu, queued, slept = _split(max(0, when - since), cpu0, rd0, counters)
+    span = max(0, when - since)
+    on_cpu, queued, slept = _split(span, cpu0, rd0, counters)
+    slept_p = _TASK.unpack(entry)[-1]
+    if rd_p and slept_p and slept_p - 1 < slept:
+        # The sleep's length is known (the object's first_sleep): the rest is on CPU, with
+        # the steal that sum_exec_runtime leaves out (a wait for a CPU under way now too,
+        # moved to the runqueue at the next read).
+        slept = slept_p - 1
+        on_cpu = span - queued - slept
     woken = min(rd_p - 1 - rd0, queued) if rd_p else queued
     sleeps = counters.sleeps - nv0  # sleeps begun since `since`: none, or the entry is stale
     asleep_in = None
