@@ -1,6 +1,6 @@
 """The compiled time model's cost on the server, fine enough to tell 0.98 from 0.985 (issue 14).
 
-    python -m bench.toggle [--workload select|tpcb] [--protocol simple|extended|prepared]
+    python -m bench.toggle [--workload select|tpcb|many] [--protocol simple|extended|prepared]
                            [--minutes 10] [--window 1] [--no-floor] [--queries]
                            [--cost-rounds 1] [--object OTHER.bpf.o ...] [--json FILE]
 
@@ -19,7 +19,8 @@ dispatch to a program; --no-floor leaves it out); the time model, loaded with th
 parameters `pgprobe waits` gives it for this cluster (tools.waits.compiled.rodata); with
 --queries, the same object loaded a second time with the query dimension on as well
 ("waits+queries": the globals of `pgprobe queries`, statement.StatementAddress.rodata,
-keyed by query id: text_hash 0); any --object, another build of it. Each window begins and
+keyed by query id: text_hash 0); any --object, another build of it (with --queries,
+loaded with the query dimension on). Each window begins and
 ends at one of pgbench's report boundaries, where the programs are swapped (by this
 thread, at nice -10); a window whose swap came more than 10 ms late is left out, and
 counted. Within a block, a ratio per variant against "nothing" (and the time model against
@@ -72,6 +73,7 @@ NONE, FLOOR, WAITS, QUERIES = "none", "empty", "waits", "waits+queries"
 VARIANTS = (NONE, FLOOR, WAITS, QUERIES)
 QUERY_ID_SETTINGS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on"}
 BUDGET = 0.98  # issue 14: TPS ratio of `pgprobe waits`
+DISTINCT = 300  # --workload many: statements of distinct query ids
 WARMUP_S = 10
 STATS_WINDOW_S = 10
 SWAP_NICE = -10
@@ -107,7 +109,7 @@ class Result:
     cost_rounds: dict[str, list[Cost]] = field(default_factory=dict)
     untraced_tps: list[float] = field(default_factory=list)
     late_windows: int = 0
-    # waits+queries: ns of @query_ns keyed by a query id, and in all (at the end of the run)
+    # waits+queries: ns of @query_ns's CPU time keyed by a query id, and in all (run's end)
     query_ns_with_id: int = 0
     query_ns_total: int = 0
 
@@ -151,17 +153,44 @@ def waits_rodata(
     return waits, querydim.Dimension(found, text_hash=False).rodata()
 
 
+MANY = Workload("many", f"{DISTINCT} distinct statements: pgbench -c 8 -j 2, one at random",
+                ("-c", "8", "-j", "2"))  # fmt: skip
+
+
+def many_statements(root: Path) -> tuple[str, ...]:
+    """pgbench -f arguments for a script that runs one of DISTINCT statements of distinct
+    query ids at random (the select-only lookup with 1-20 columns and 0-14 more conditions:
+    shapes, not constants, make an id; one script of \\if branches, as pgbench takes at most
+    128 scripts), in the cluster's directory (pgbench runs as its owner)."""
+    lines = ["\\set aid random(1, 100000 * :scale)", f"\\set k random(0, {DISTINCT - 1})"]
+    for i in range(DISTINCT):
+        columns = ", ".join(["abalance"] * (i % 20 + 1))
+        more = " AND bid > 0" * (i // 20)
+        lines.append(f"\\{'if' if i == 0 else 'elif'} :k = {i}")
+        lines.append(f"SELECT {columns} FROM pgbench_accounts WHERE aid = :aid{more};")
+    lines.append("\\endif")
+    script = root / "many.sql"
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(0o644)
+    return ("-f", str(script))
+
+
 def workload_of(key: str, protocol: str) -> Workload:
-    load = SELECT if key == "select" else TPCB
+    load = {"select": SELECT, "tpcb": TPCB, "many": MANY}[key]
     if protocol == "simple":
         return load
     return Workload(f"{load.key}-{protocol}", f"{load.label} -M {protocol}",
                     (*load.args, "-M", protocol))  # fmt: skip
 
 
-def count_query_ns(obj: BpfObject, result: Result) -> None:
-    """How much of @query_ns the object keyed by a query id (0: a statement without one)."""
-    for (_tid, _kind, _state, _wei, qid), ns in querydim.read_map(obj).items():
+def count_query_ns(obj: BpfObject, result: Result, cluster: PgCluster) -> None:
+    """How much of @query_ns's CPU time the object keyed by a query id (0: a statement
+    without one; the sleeps between transactions are keyed without one by design)."""
+    options = discover.ConnOptions(host=str(cluster.root), port=cluster.port, user="postgres")
+    pids = discover.discover(options, discover.Filters()).pids
+    for (_tid, kind, state, _wei, qid), ns in compiled.query_totals(obj, pids).items():
+        if kind != querydim.CPU or state & statement.SPANNED:
+            continue  # SPANNED: counted beside the statement's own time, not in it
         result.query_ns_total += ns
         if qid:
             result.query_ns_with_id += ns
@@ -280,12 +309,16 @@ def measure(
         settings.update(QUERY_ID_SETTINGS)
     with PgCluster(settings=settings, name="pgprobe-toggle") as cluster:
         cluster.pgbench("-i", "-q", "-s", str(scale)).communicate(timeout=600)
+        if workload == "many":
+            load = Workload(load.key, load.label, (*load.args, *many_statements(cluster.root)))
         rodata, query_rodata = waits_rodata(cluster, queries)
         objects = {FLOOR: BpfObject(EMPTY, {})} if floor else {}
         objects[WAITS] = BpfObject(path, rodata)
         if queries:
             objects[QUERIES] = BpfObject(path, {**rodata, **query_rodata})
-        objects.update({o.stem: BpfObject(o, rodata) for o in others})
+        # with --queries, another build is one of the query dimension's (loaded as such)
+        other = {**rodata, **query_rodata} if queries else rodata
+        objects.update({o.stem: BpfObject(o, other) for o in others})
         switch = Switcher(objects)
         costs_s = (STATS_WINDOW_S + 1) * len(objects) * cost_rounds
         total = int(minutes * 60) + WARMUP_S + costs_s + 30
@@ -298,7 +331,7 @@ def measure(
             run_blocks(bench, switch, result, time.time() + minutes * 60)
             measure_costs(switch, result, cost_rounds)
             if queries:
-                count_query_ns(objects[QUERIES], result)
+                count_query_ns(objects[QUERIES], result, cluster)
         finally:
             switch.to(NONE)
             bench.stop()
@@ -324,7 +357,7 @@ def report(result: Result) -> str:
                          f"{i.n} blocks){verdict}")  # fmt: skip
     if result.query_ns_total:
         share = result.query_ns_with_id / result.query_ns_total
-        lines.append(f"  waits+queries: {share:.1%} of @query_ns keyed by a query id")
+        lines.append(f"  waits+queries: {share:.1%} of @query_ns's CPU time keyed by a query id")
     for variant, c in result.costs.items():
         rounds = result.cost_rounds.get(variant, [])
         if len(rounds) > 1:
@@ -342,7 +375,7 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workload", choices=("select", "tpcb"), default="select")
+    parser.add_argument("--workload", choices=("select", "tpcb", "many"), default="select")
     parser.add_argument("--protocol", choices=("simple", "extended", "prepared"),
                         default="simple", help="pgbench -M (default simple)")  # fmt: skip
     parser.add_argument("--minutes", type=float, default=10.0)

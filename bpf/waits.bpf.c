@@ -113,6 +113,14 @@ const volatile __u64 qid_off = 0;
 const volatile __u64 raw_off = 0;
 const volatile __u64 idle_states = 0;
 const volatile __u64 active_state = 0;
+/*
+ * "idle" in this major's BackendState (0: not given): a ClientRead in it waits between
+ * transactions, no statement's time (records.py leaves it out): keyed without the last
+ * statement's id, one key for all of them, where keyed by statement each would move
+ * the running totals (a select-only mix of 300 statements: one more slot search and map
+ * update per switch-out).
+ */
+const volatile __u64 idle_state = 0;
 const volatile __u64 text_hash = 0;
 /*
  * Runs that span statements: st_activity_start_timestamp (act_off; PostgreSQL's clock,
@@ -133,11 +141,15 @@ const volatile __u64 pg_clock_ns = 0;
 #define SPAN_MAX 512	/* bytes of PgBackendStatus read at most (432 in 14-18) */
 #define TEXT_MAX 128
 #define MAX_QUERY_KEYS 262144
-/* @query_ns's kinds, and its state's flags beside BackendState (bits 0-7) */
-enum { Q_CPU = 1, Q_PREEMPTED = 2, Q_WOKEN = 3, Q_WAIT = 4 };
+/*
+ * @query_ns's pairs of kinds (RUN: on CPU and preempted; SLEEP: a sleep and the runqueue
+ * time right after it), and its state's flags beside BackendState (bits 0-7)
+ */
+enum { PAIR_RUN = 1, PAIR_SLEEP = 2 };
 #define Q_TEXT 0x100	/* the id is a hash of the statement's text (no query id) */
 #define Q_NO_ENTRY 0x200	/* no status entry read (none yet, or its memory gone) */
 #define Q_SPANNED 0x400	/* a run's part before its last statement began (id 0) */
+#define QSLOTS 32	/* keys per task (TPC-B: ~20 per backend) */
 #define SPAN_MIN_NS 1000000	/* below: reading the message (up to ~0.3 ms measured on a VM under load) */
 
 /*
@@ -152,6 +164,15 @@ enum { Q_CPU = 1, Q_PREEMPTED = 2, Q_WOKEN = 3, Q_WAIT = 4 };
  */
 enum { STARTED = 1, ASLEEP = 4, SEEDED_ASLEEP = 10, SEEDED_RUNNING = 11 };
 
+/*
+ * A slot of the task's cache of totals by key: pair RUN (a: on CPU, b: preempted; wei 0)
+ * or SLEEP (a: asleep in wei, b: woken, not yet running), in pair_state's bits 16-31,
+ * the statement's state and flags in bits 0-15. Empty: pair_state 0.
+ */
+struct qslot {
+	__u32 pair_state, wei;
+	__u64 id, a, b;
+};
 struct task_state {
 	__u64 since;	/* the moment of the state: a switch-out, the seed or the fork */
 	__u64 state;
@@ -179,6 +200,13 @@ struct task_state {
 	__u64 r_state, r_id, r_cpu, r_rq2;
 	__u64 s_state, s_id, s_wei, s_wait, s_rq3;
 	__u64 span;	/* running total of Q_SPANNED time (to @query_ns at the exit) */
+	/*
+	 * The running totals' earlier keys (slot_add): a hash map update per change of
+	 * statement cost ~900 ns per switch-out under pgbench TPC-B, which changes statement
+	 * at almost every one (docs/benchmarks.md); the entry is in cache already.
+	 */
+	__u64 q_next;	/* moves of slots' totals to @query_ns so far (a slot taken over; the exit) */
+	struct qslot slots[QSLOTS];
 	__u64 slept_p;	/* first_sleep() at its first preemption since `since` (0: none) */
 };
 /* A statement read at a switch-out: the status entry's change count, state, id. */
@@ -187,9 +215,12 @@ struct query {
 	bool ok;
 };
 struct query_key {
-	__u32 tid, kind_state;	/* kind << 16 | state and its flags */
+	__u32 tid, pair_state;	/* as a slot's: pair << 16 | state and its flags */
 	__u32 wei, pad;
 	__u64 id;
+};
+struct pair_ns {
+	__u64 a, b;	/* RUN: on CPU, preempted; SLEEP: asleep, woken (a slot's) */
 };
 struct tid_u32 {
 	__u32 tid, n;
@@ -221,13 +252,16 @@ HASH(wait_hist, struct hist_key, __u64);	/* (tid, wei, log2 slot) -> sleeps */
 HASH(born_ns, __u32, __u64);
 HASH(exit_ns, __u32, __u64);
 HASH(unseen, struct tid_u32, __u64);	/* (kind 3: switch-outs not seen, tid) */
-/* (tid, kind, state, wei, statement id) -> ns: the time model per statement */
+/*
+ * (tid, pair, state, wei, statement id) -> the pair's two ns totals: the time model per
+ * statement (a pair of kinds per key: one map update where two kinds move together)
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MAX_QUERY_KEYS);
 	__type(key, struct query_key);
-	__type(value, __u64);
+	__type(value, struct pair_ns);
 } query_ns SEC(".maps");
 
 /*
@@ -421,29 +455,77 @@ static __always_inline void read_query(__u64 be, struct query *q)
 	q->state |= Q_TEXT;
 }
 
-static __always_inline void add_query(__u32 tid, __u32 kind, __u64 state, __u64 id, __u64 wei,
-				      __u64 ns)
+/* A slot's totals to @query_ns: it is taken over, or its task exits. */
+static __noinline void evict(struct qslot *q, __u32 tid)
 {
-	struct query_key k = { tid, kind << 16 | (__u32)state, (__u32)wei, 0, id };
-	add(&query_ns, &k, ns);
+	if (!q->a && !q->b)
+		return;
+	struct query_key k = { tid, q->pair_state, q->wei, 0, q->id };
+	struct pair_ns *v = bpf_map_lookup_elem(&query_ns, &k);
+	if (!v) {
+		struct pair_ns zero = { 0, 0 };
+		bpf_map_update_elem(&query_ns, &k, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&query_ns, &k);
+		if (!v) {
+			refused();	/* map full */
+			return;
+		}
+	}
+	__sync_fetch_and_add(&v->a, q->a);
+	__sync_fetch_and_add(&v->b, q->b);
 }
 
-/* The running totals of the query dimension to @query_ns (their key changes, or an exit). */
+/*
+ * A running total whose key changes, to its slot: the one of its key, else the first
+ * empty one, probed from the key's own place (open addressing: slots are never emptied,
+ * only taken over, so a key is always found before an empty slot), else, all taken, the
+ * key's own place, whose totals go to @query_ns first. A global function: verified once,
+ * on its own (its loop).
+ */
+__noinline int slot_add(struct task_state *t, __u32 tid, struct qslot *add)
+{
+	if (!t || !add)
+		return 0;
+	__u32 home = (__u32)(add->id ^ (add->id >> 32)) * 0x9e3779b1u ^ add->pair_state ^ add->wei;
+	home ^= home >> 16;
+	for (__u32 i = 0; i < QSLOTS; i++) {
+		struct qslot *q = &t->slots[(home + i) & (QSLOTS - 1)];
+		if (q->pair_state == add->pair_state && q->wei == add->wei && q->id == add->id) {
+			q->a += add->a;
+			q->b += add->b;
+			return 0;
+		}
+		if (!q->pair_state) {
+			*q = *add;
+			return 0;
+		}
+	}
+	struct qslot *q = &t->slots[home & (QSLOTS - 1)];
+	evict(q, tid);
+	t->q_next++;
+	*q = *add;
+	return 0;
+}
+
+static __always_inline void to_slot(struct task_state *t, __u32 tid, __u32 pair, __u64 state,
+				    __u64 wei, __u64 id, __u64 a, __u64 b)
+{
+	struct qslot add = { pair << 16 | ((__u32)state & 0xffff), (__u32)wei, id, a, b };
+	slot_add(t, tid, &add);
+}
+
+/* The running totals of the query dimension to their slots (their key changes). */
 static __always_inline void flush_runs(struct task_state *t, __u32 tid)
 {
-	if (t->r_cpu)
-		add_query(tid, Q_CPU, t->r_state, t->r_id, 0, t->r_cpu);
-	if (t->r_rq2)
-		add_query(tid, Q_PREEMPTED, t->r_state, t->r_id, 0, t->r_rq2);
+	if (t->r_cpu || t->r_rq2)
+		to_slot(t, tid, PAIR_RUN, t->r_state, 0, t->r_id, t->r_cpu, t->r_rq2);
 	t->r_cpu = t->r_rq2 = 0;
 }
 
 static __always_inline void flush_sleeps(struct task_state *t, __u32 tid)
 {
-	if (t->s_wait)
-		add_query(tid, Q_WAIT, t->s_state, t->s_id, t->s_wei, t->s_wait);
-	if (t->s_rq3)
-		add_query(tid, Q_WOKEN, t->s_state, t->s_id, t->s_wei, t->s_rq3);
+	if (t->s_wait || t->s_rq3)
+		to_slot(t, tid, PAIR_SLEEP, t->s_state, t->s_wei, t->s_id, t->s_wait, t->s_rq3);
 	t->s_wait = t->s_rq3 = 0;
 }
 
@@ -486,10 +568,13 @@ static __always_inline void charge_sleep(struct task_state *t, __u32 tid, __u64 
 {
 	if (!slept && !woken)
 		return;
-	if (t->s_state != t->qa_state || t->s_id != t->qa_id || t->s_wei != wei) {
+	__u64 id = t->qa_id;
+	if (idle_state && (wei & 0xff00ffff) == 0x06000000 && ((wei >> 16) & 0xff) == idle_state)
+		id = 0;	/* ClientRead between transactions: see idle_state */
+	if (t->s_state != t->qa_state || t->s_id != id || t->s_wei != wei) {
 		flush_sleeps(t, tid);
 		t->s_state = t->qa_state;
-		t->s_id = t->qa_id;
+		t->s_id = id;
 		t->s_wei = wei;
 	}
 	t->s_wait += slept;
@@ -729,8 +814,12 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (query_span) {
 			flush_runs(t, tid);
 			flush_sleeps(t, tid);
-			if (t->span)
-				add_query(tid, Q_CPU, Q_SPANNED, 0, 0, t->span);
+			for (__u32 i = 0; i < QSLOTS; i++)
+				evict(&t->slots[i], tid);
+			if (t->span) {
+				struct qslot spanned = { PAIR_RUN << 16 | Q_SPANNED, 0, 0, t->span, 0 };
+				evict(&spanned, tid);
+			}
 		}
 		bpf_task_storage_delete(&task, prev);
 		return 0;
@@ -805,5 +894,15 @@ int on_exit_group(void *ctx)
 	read_query(t->be_ptr, &q);
 	if (q.ok)
 		bpf_map_update_elem(&exit_query, &tid, &q, BPF_ANY);
+	/*
+	 * Its slots' totals to @query_ns now, while its entry is sure to be there: its final
+	 * switch-out then moves only what its last runs add (a task storage call can fail
+	 * there, under the storage's per-CPU busy guard, and the entry goes with the task).
+	 */
+	for (__u32 i = 0; i < QSLOTS; i++) {
+		evict(&t->slots[i], tid);
+		t->slots[i].a = t->slots[i].b = 0;
+	}
+	t->q_next++;
 	return 0;
 }

@@ -28,6 +28,9 @@
   count reach 0.95 of pg_stat_statements' time).
 - compute_query_id = off (once): the one line with the fix, and the statements grouped by
   their text (pg_sleep's 2.0 s ± 2 % under its text).
+- More statements in one session than its entry has slots (once): 48 pg_sleep(0.05) of
+  distinct ids, twice each, each id 0.1 s ± 2 % (the slots taken over, their totals moved
+  to the map during the capture, the rest read from the live entry).
 """
 
 from __future__ import annotations
@@ -339,3 +342,34 @@ def test_without_query_ids_statements_are_grouped_by_text(pg_build: PgBuild, tra
     slept = wait_s(rows[0], "PgSleep")
     assert abs(slept - 2.0) <= TOLERANCE * 2.0, slept
     assert doc["meta"]["query_ids"] is False
+
+
+MANY_SHAPES = 48  # statements of distinct ids in one session: more keys than its 32 slots
+
+
+@pytest.mark.once
+def test_more_statements_than_slots_keep_their_time(pg_build: PgBuild, tracing: None) -> None:
+    """One session runs MANY_SHAPES statements of distinct ids, each a 0.05 s pg_sleep
+    (twice each, and the session left open: its slots are taken over, their totals moved
+    to the map while the capture runs, and the rest read from its entry at the end):
+    each id holds 0.1 s ± 2 % of PgSleep, the sum 2 x MANY_SHAPES x 0.05 s ± 2 %."""
+    need(compiled.object_path() is not None, "bpf/build/waits.bpf.o: run scripts/build-bpf")
+    texts = [f"SELECT pg_sleep(0.05){', 1' * k}" for k in range(MANY_SHAPES)]
+    with cluster_for(pg_build, SETTINGS, name="pgprobe-queries-slots") as pg:
+        pg.sql("CREATE EXTENSION pg_stat_statements")
+        with pg.connect() as conn, queries_running(pg, "--limit", "1000", duration=120,
+                                                   interrupt=True) as run:  # fmt: skip
+            for _ in range(2):
+                for text in texts:
+                    conn.execute(text)
+        doc, _err = result(run)
+        rows = pg.sql("SELECT queryid, query FROM pg_stat_statements "
+                      "WHERE query LIKE 'SELECT pg_sleep%' AND toplevel")  # fmt: skip
+    # normalised texts: "SELECT pg_sleep($1), $2, ..."; the shape is the number of commas
+    ids = {str(q).count(","): int(str(qid)) for qid, q in rows}
+    assert sorted(ids) == list(range(MANY_SHAPES)), rows
+    slept = {shape: wait_s(row_of(doc, qid), "PgSleep") for shape, qid in ids.items()}
+    for shape, seconds in slept.items():
+        assert abs(seconds - 0.1) <= TOLERANCE * 0.1, (shape, seconds)
+    total = sum(slept.values())
+    assert abs(total - 0.1 * MANY_SHAPES) <= TOLERANCE * 0.1 * MANY_SHAPES, total

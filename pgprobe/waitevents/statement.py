@@ -63,7 +63,8 @@ class StatementAddress:
         idle = sum(1 << names.index(n) for n in BETWEEN)
         return {"query_span": self.span, "qid_off": self.query_id_offset,
                 "raw_off": self.raw_offset, "idle_states": idle,
-                "active_state": names.index("active"), "text_hash": int(text_hash),
+                "active_state": names.index("active"), "idle_state": names.index("idle"),
+                "text_hash": int(text_hash),
                 "act_off": ACTIVITY_START_OFFSET, "pg_clock_ns": pg_clock_ns()}  # fmt: skip
 
 

@@ -394,6 +394,17 @@ def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[
     return {key: Log2Hist(tuple(sorted(b))) for key, b in buckets.items()}
 
 
+def query_totals(obj: libbpf.BpfObject, pids: list[int]) -> querydim.Charges:
+    """@query_ns with what these live processes' entries hold, their open intervals left
+    out (bench.toggle's share of time keyed by an id)."""
+    out = querydim.read_map(obj)
+    end = _QUERY_AT + querydim.FIELDS
+    for pid, raw in _raw_tasks(obj, pids).items():
+        for key, ns in querydim.totals(pid, (*_TASK.unpack(raw[0])[_QUERY_AT:end], pid)).items():
+            out[key] = out.get(key, 0) + ns
+    return out
+
+
 def _query_ns(
     obj: libbpf.BpfObject,
     query: querydim.Dimension,

@@ -4,7 +4,8 @@ bpf/waits.bpf.c, with query_span set, also keys what it measures by the statemen
 backend runs (pgprobe.waitevents.statement): @query_ns[tid, kind, state, wei, id] in ns,
 kinds CPU (a run), PREEMPTED (runqueue after a preemption), WOKEN (runqueue right after a
 sleep, charged with that sleep), WAIT (a sleep, in wei). Like the rest of the model, a
-live process keeps running totals in its @task entry (fields 63-74 here) and the
+live process keeps running totals in its @task entry (and the earlier keys' totals in
+a cache of QSLOTS slots there, moved to the map when a slot is taken over) and the
 interval still open at a read is closed by pgprobe from /proc: its run charged to the
 statement read from the backend's memory now, its sleep to the one read when it began.
 The result is one more map in the snapshot, `query_ns`, keyed (tid, kind, state, wei,
@@ -24,9 +25,19 @@ from pgprobe.waitevents import statement
 
 CPU, PREEMPTED, WOKEN, WAIT = 1, 2, 3, 4
 # qa_state, qa_id, cc0; r_state, r_id, r_cpu, r_rq2; s_state, s_id, s_wei, s_wait, s_rq3;
-# span (runs' parts before their last statement)
-FIELDS = 13
-_KEY = struct.Struct("<IIIIQ")  # tid, kind << 16 | state, wei, pad, id
+# span (runs' parts before their last statement); q_next (moves of slots' totals to the map
+# so far: a slot taken over, or all of them at the exit_group); the
+# slots, 4 fields each: pair << 16 | state and wei << 32, id, a, b (waits.bpf.c's qslot)
+QSLOTS = 32
+_SLOTS_AT = 14
+FIELDS = _SLOTS_AT + 4 * QSLOTS
+PAIR_RUN, PAIR_SLEEP = 1, 2
+
+_KEY = struct.Struct("<IIIIQ")  # tid, pair << 16 | state, wei, pad, id
+_PAIR_NS = struct.Struct("<QQ")  # the pair's kinds: (CPU, PREEMPTED) or (WAIT, WOKEN)
+_KINDS = {PAIR_RUN: (CPU, PREEMPTED), PAIR_SLEEP: (WAIT, WOKEN)}
+# a kind's place in the map: (pair, 0 for a / 1 for b)
+_PLACE = {kind: (pair, i) for pair, kinds in _KINDS.items() for i, kind in enumerate(kinds)}
 _U64 = struct.Struct("<Q")
 
 
@@ -76,6 +87,21 @@ def _add(out: Charges, key: tuple[int, int, int, int, int], ns: int) -> None:
         out[key] = out.get(key, 0) + ns
 
 
+Slot = tuple[tuple[int, int, int, int, int], int, tuple[int, int, int, int, int], int]
+
+
+def _slots(tid: int, q: tuple[int, ...]) -> dict[int, Slot]:
+    """An entry's slots in use, by index: (key a, ns, key b, ns) as @query_ns keys them."""
+    out: dict[int, Slot] = {}
+    for i in range(QSLOTS):
+        head, qid, a, b = q[_SLOTS_AT + 4 * i : _SLOTS_AT + 4 * i + 4]
+        kinds = _KINDS.get((head >> 16) & 0xFFFF)
+        if kinds is not None:
+            state, wei = head & 0xFFFF, head >> 32
+            out[i] = ((tid, kinds[0], state, wei, qid), a, (tid, kinds[1], state, wei, qid), b)
+    return out
+
+
 def run_key(
     q: tuple[int, ...], now: statement.Read | None, major_rodata: dict[str, int]
 ) -> tuple[int, int]:
@@ -102,11 +128,9 @@ def _before_statement(
     return min(began - since, run) if began - since > statement.SPAN_MIN_NS else 0
 
 
-def charges(
-    tid: int, q: tuple[int, ...], open_: Open, now: statement.Read | None, rodata: dict[str, int]
-) -> Charges:
-    """One live process's running totals and open interval, as @query_ns keys."""
-    qa_state, qa_id = q[0], q[1]
+def totals(tid: int, q: tuple[int, ...]) -> Charges:
+    """What a live process's entry (fields q) holds, not yet in @query_ns: its running
+    totals and its slots, as @query_ns keys."""
     r_state, r_id, r_cpu, r_rq2, s_state, s_id, s_wei, s_wait, s_rq3 = q[3:12]
     out: Charges = {}
     _add(out, (tid, CPU, r_state, 0, r_id), r_cpu)
@@ -114,6 +138,18 @@ def charges(
     _add(out, (tid, WAIT, s_state, s_wei, s_id), s_wait)
     _add(out, (tid, WOKEN, s_state, s_wei, s_id), s_rq3)
     _add(out, (tid, CPU, statement.SPANNED, 0, 0), q[12])
+    for key_a, a, key_b, b in _slots(tid, q).values():
+        _add(out, key_a, a)
+        _add(out, key_b, b)
+    return out
+
+
+def charges(
+    tid: int, q: tuple[int, ...], open_: Open, now: statement.Read | None, rodata: dict[str, int]
+) -> Charges:
+    """One live process's running totals and open interval, as @query_ns keys."""
+    qa_state, qa_id = q[0], q[1]
+    out = totals(tid, q)
     rs, rid = run_key(q, now, rodata)
     before = _before_statement(q, now, open_, rodata)
     cpu_before = open_.on_cpu * before // (open_.on_cpu + open_.preempted) if before else 0
@@ -129,33 +165,38 @@ def charges(
 def read_map(obj: libbpf.BpfObject) -> Charges:
     out: Charges = {}
     for k, v in obj.items("query_ns"):
-        tid, kind_state, wei, _pad, qid = _KEY.unpack(k)
-        out[(tid, kind_state >> 16, kind_state & 0xFFFF, wei, qid)] = _U64.unpack(v)[0]
+        tid, pair_state, wei, _pad, qid = _KEY.unpack(k)
+        kinds = _KINDS.get(pair_state >> 16)
+        if kinds is None:
+            continue
+        state = pair_state & 0xFFFF
+        for kind, ns in zip(kinds, _PAIR_NS.unpack(v), strict=True):
+            _add(out, (tid, kind, state, wei, qid), ns)
     return out
 
 
 def _lookup(obj: libbpf.BpfObject, key: tuple[int, int, int, int, int]) -> int:
     tid, kind, state, wei, qid = key
-    value = obj.lookup("query_ns", _KEY.pack(tid, kind << 16 | state, wei, 0, qid))
-    return _U64.unpack(value)[0] if value is not None else 0
+    pair, half = _PLACE[kind]
+    value = obj.lookup("query_ns", _KEY.pack(tid, pair << 16 | state, wei, 0, qid))
+    return _PAIR_NS.unpack(value)[half] if value is not None else 0
 
 
-def _flushed_after_read(obj: libbpf.BpfObject, q: tuple[int, ...], read: Charges) -> bool:
-    """Whether the running totals of entry fields q moved to @query_ns after it was read
-    (the key grown since): then that entry's totals are in no map read."""
+def _grown(
+    obj: libbpf.BpfObject, keys: list[tuple[int, int, int, int, int]], read: Charges
+) -> bool:
+    """Whether @query_ns holds more for any of these keys now than it did at the read."""
+    return any(_lookup(obj, k) > read.get(k, 0) for k in keys)
+
+
+def _all_keys(q: tuple[int, ...]) -> list[tuple[int, int, int, int, int]]:
+    """Every key an entry (fields q, ending with the pid) holds totals for."""
     tid = q[-1]
     keys = [(tid, CPU, q[3], 0, q[4]), (tid, PREEMPTED, q[3], 0, q[4]),
             (tid, WAIT, q[7], q[9], q[8]), (tid, WOKEN, q[7], q[9], q[8])]  # fmt: skip
-    return any(
-        _lookup(obj, k) > read.get(k, 0)
-        for k, n in zip(keys, (q[5], q[6], q[10], q[11]), strict=True)
-        if n
-    )
-
-
-def _keys(q: tuple[int, ...]) -> tuple[int, ...]:
-    """The keys of an entry's running totals: when they change, the totals were moved."""
-    return (q[3], q[4], q[7], q[8], q[9])
+    for key_a, _a, key_b, _b in _slots(tid, q).values():
+        keys += [key_a, key_b]
+    return keys
 
 
 def snapshot_map(
@@ -165,21 +206,33 @@ def snapshot_map(
     after: dict[int, tuple[int, ...]],
     live: Callable[[int, tuple[int, ...]], Charges],
 ) -> dict[Key, AggValue]:
-    """@query_ns as read, plus each live process's running totals and open interval
-    (live(pid, fields) with the entry kept: read after the map, unless its totals moved to
-    the map in between, read before; fields end with the pid)."""
+    """@query_ns as read, plus each live process's totals and open interval
+    (live(pid, fields)), from its entry read after the map. Totals that left the entry
+    between its two reads (a slot taken over, or the process's exit) are in the map read
+    when they moved before it, else only in the entry read before the map: added from
+    there when the map has grown for their keys since its read (fields end with the pid)."""
     out: Charges = dict(read)
     for pid in before.keys() | after.keys():
         old, new = before.get(pid), after.get(pid)
-        kept = new
-        moved = old is not None and (new is None or _keys(old) != _keys(new))
-        if old is not None and moved and _flushed_after_read(obj, old, read):
-            kept = old
-        if kept is None:
+        if new is None:
+            # exited between the reads: all of it went to the map at its last switch-out
+            if old is not None and _grown(obj, _all_keys(old), read):
+                with contextlib.suppress(KeyError):
+                    for key, ns in live(pid, old).items():
+                        out[key] = out.get(key, 0) + ns
             continue
         with contextlib.suppress(KeyError):
-            for key, ns in live(pid, kept).items():
+            for key, ns in live(pid, new).items():
                 out[key] = out.get(key, 0) + ns
+        if old is None or old[_SLOTS_AT - 1] == new[_SLOTS_AT - 1]:
+            continue  # no slot's totals moved between the reads
+        kept = _slots(pid, new)
+        for i, (key_a, a, key_b, b) in _slots(pid, old).items():
+            now = kept.get(i)
+            moved = now is None or now[0] != key_a or now[1] < a or now[3] < b
+            if moved and _grown(obj, [key_a, key_b], read):
+                _add(out, key_a, a)
+                _add(out, key_b, b)
     result: dict[Key, AggValue] = {}
     result.update(out.items())
     return result
