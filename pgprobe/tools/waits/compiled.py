@@ -278,11 +278,12 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
 def _open(raw: RawTask) -> querydim.Open:
     """The interval open at the read of a raw entry, split on the kernel's counters."""
     entry, when, counters = raw
-    since, state, a, rd_p = _TASK.unpack(entry)[:4]
-    cpu0, rd0, nv0 = _TASK.unpack(entry)[9:12]
+    fields = _TASK.unpack(entry)
+    since, state, a, rd_p = fields[:4]
+    cpu0, rd0, nv0 = fields[9:12]
     span = max(0, when - since)
     on_cpu, queued, slept = _split(span, cpu0, rd0, counters)
-    slept_p = _TASK.unpack(entry)[-1]
+    slept_p = fields[-1]
     if rd_p and slept_p and slept_p - 1 < slept:
         # The sleep's length is known (the object's first_sleep): the rest is on CPU, with
         # the steal that sum_exec_runtime leaves out (a wait for a CPU under way now too,
