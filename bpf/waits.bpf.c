@@ -40,7 +40,7 @@
  *
  * EXAMPLE:
  *   # scripts/build-bpf && pgprobe waits -d 5 --engine libbpf
- *   (a real run: samples/raw/waits_libbpf_example.txt)
+ *   (a real run: samples/waits_libbpf_example.txt)
  *
  * Part of pgprobe.
  */

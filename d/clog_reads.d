@@ -105,7 +105,7 @@
  *   @@snapshot	2026 Nov 21 23:51:02
  *   @read_stats:count	28544	pg_xact/0001	48
  *   [...]
- *   (a real run, DTrace for Linux 2.0.7: samples/raw/clog_reads_d_example.txt)
+ *   (a real run, DTrace for Linux 2.0.7: samples/clog_reads_d_example.txt)
  *
  * Part of pgprobe (pgprobe clog-reads --engine dtrace runs this script).
  */

@@ -93,7 +93,7 @@
  *   @@snapshot	2026 Nov 21 23:44:27
  *   @wait_stats:count	0	WALWrite	Exclusive	16773
  *   [...]
- *   (a real run, DTrace for Linux 2.0.7: samples/raw/lwlock_wait_d_example.txt)
+ *   (a real run, DTrace for Linux 2.0.7: samples/lwlock_wait_d_example.txt)
  *
  * Part of pgprobe (pgprobe lwlocks --engine dtrace runs this script).
  */

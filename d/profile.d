@@ -67,7 +67,7 @@
  *   @stacks	13123	19
  *                 postgres`hash_bytes_extended+0x3a
  *                 [...]
- *   (a real run, DTrace for Linux 2.0.7: samples/raw/profile_d_example.txt)
+ *   (a real run, DTrace for Linux 2.0.7: samples/profile_d_example.txt)
  *
  * Part of pgprobe (pgprobe profile --engine dtrace runs this script).
  */

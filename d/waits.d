@@ -95,7 +95,7 @@
  *   @@snapshot	2026 Nov 23 03:16:29
  *   @wait_ns	6904	150994946	2002024508      (0x09000002: Timeout:PgSleep, 15)
  *   [...]
- *   (a real run, DTrace for Linux 2.0.7: samples/raw/waits_d_example.txt)
+ *   (a real run, DTrace for Linux 2.0.7: samples/waits_d_example.txt)
  *
  * Part of pgprobe (pgprobe waits --engine dtrace runs this script).
  */

@@ -1,7 +1,7 @@
 """DTrace for Linux's formats and pgprobe's per-platform choices, without running DTrace.
 
 The fixtures tests/fixtures/dtrace/linux_*.out are real outputs of the d/
-scripts in DTrace for Linux 2.0.7 (recorded with samples/raw/*_d_example.txt):
+scripts in DTrace for Linux 2.0.7 (recorded with samples/*_d_example.txt):
 frames at column 0, "@@end" after END's output. tests/test_dtrace_live.py
 runs the scripts themselves.
 """

@@ -320,7 +320,7 @@ def test_header_convention(path: Path) -> None:
     for section in ("USAGE:", "REQUIREMENTS:", "OUTPUT", "OVERHEAD:", "EXAMPLE:"):
         assert f" * {section}" in head, f"{path.name}: no {section} section"
     assert "Part of pgprobe" in head
-    assert f"samples/raw/{path.stem}_d_example.txt" in head
+    assert f"samples/{path.stem}_d_example.txt" in head
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
