@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench import common
 
@@ -31,6 +32,31 @@ class Workload:
 
 TPCB = Workload("tpcb", "TPC-B-like: pgbench -c 8 -j 2", ("-c", "8", "-j", "2"))
 SELECT = Workload("select", "select-only: pgbench -S -c 8 -j 2", ("-S", "-c", "8", "-j", "2"))
+# bench.toggle --workload many: a mix of DISTINCT statements of distinct query ids, one at
+# random per transaction (the worst case for the query dimension's per-task slots)
+DISTINCT = 300
+MANY = Workload("many", f"{DISTINCT} distinct statements: pgbench -c 8 -j 2, one at random",
+                ("-c", "8", "-j", "2"))  # fmt: skip
+
+
+def many_statements(root: Path) -> tuple[str, ...]:
+    """pgbench -f arguments for a script that runs one of DISTINCT statements of distinct
+    query ids at random (the select-only lookup with 1-20 columns and 0-14 more conditions:
+    shapes, not constants, make an id; one script of \\if branches, as pgbench takes at most
+    128 scripts), in the cluster's directory (pgbench runs as its owner)."""
+    lines = ["\\set aid random(1, 100000 * :scale)", f"\\set k random(0, {DISTINCT - 1})"]
+    for i in range(DISTINCT):
+        columns = ", ".join(["abalance"] * (i % 20 + 1))
+        more = " AND bid > 0" * (i // 20)
+        lines.append(f"\\{'if' if i == 0 else 'elif'} :k = {i}")
+        lines.append(f"SELECT {columns} FROM pgbench_accounts WHERE aid = :aid{more};")
+    lines.append("\\endif")
+    script = root / "many.sql"
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(0o644)
+    return ("-f", str(script))
+
+
 # Heavy LWLock contention (issue 16 item 3): 32 clients on 2 CPUs updating the 2 branch rows
 # of scale 2: WALWrite, WALInsert, BufferContent and LockManager waits by the ten thousand a
 # second, with backends preempted while they hold LWLocks.

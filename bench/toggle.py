@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bpfstats, common, stats
-from bench.configs import SELECT, TPCB, Workload
+from bench.configs import MANY, SELECT, TPCB, Workload, many_statements
 from bench.overhead import Pgbench
 from pgprobe import discover
 from pgprobe.engines.libbpf import BpfObject
@@ -73,7 +73,6 @@ NONE, FLOOR, WAITS, QUERIES = "none", "empty", "waits", "waits+queries"
 VARIANTS = (NONE, FLOOR, WAITS, QUERIES)
 QUERY_ID_SETTINGS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on"}
 BUDGET = 0.98  # issue 14: TPS ratio of `pgprobe waits`
-DISTINCT = 300  # --workload many: statements of distinct query ids
 WARMUP_S = 10
 STATS_WINDOW_S = 10
 SWAP_NICE = -10
@@ -151,28 +150,6 @@ def waits_rodata(
     if found is None:
         raise SystemExit(f"bench.toggle: no statement address for {targets.cluster.major}")
     return waits, querydim.Dimension(found, text_hash=False).rodata()
-
-
-MANY = Workload("many", f"{DISTINCT} distinct statements: pgbench -c 8 -j 2, one at random",
-                ("-c", "8", "-j", "2"))  # fmt: skip
-
-
-def many_statements(root: Path) -> tuple[str, ...]:
-    """pgbench -f arguments for a script that runs one of DISTINCT statements of distinct
-    query ids at random (the select-only lookup with 1-20 columns and 0-14 more conditions:
-    shapes, not constants, make an id; one script of \\if branches, as pgbench takes at most
-    128 scripts), in the cluster's directory (pgbench runs as its owner)."""
-    lines = ["\\set aid random(1, 100000 * :scale)", f"\\set k random(0, {DISTINCT - 1})"]
-    for i in range(DISTINCT):
-        columns = ", ".join(["abalance"] * (i % 20 + 1))
-        more = " AND bid > 0" * (i // 20)
-        lines.append(f"\\{'if' if i == 0 else 'elif'} :k = {i}")
-        lines.append(f"SELECT {columns} FROM pgbench_accounts WHERE aid = :aid{more};")
-    lines.append("\\endif")
-    script = root / "many.sql"
-    script.write_text("\n".join(lines) + "\n")
-    script.chmod(0o644)
-    return ("-f", str(script))
 
 
 def workload_of(key: str, protocol: str) -> Workload:
