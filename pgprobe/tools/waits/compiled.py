@@ -399,11 +399,15 @@ def query_totals(obj: libbpf.BpfObject, pids: list[int]) -> querydim.Charges:
     """@query_ns with what these live processes' entries hold, their open intervals left
     out (bench.toggle's share of time keyed by an id)."""
     out = querydim.read_map(obj)
-    end = _QUERY_AT + querydim.FIELDS
     for pid, raw in _raw_tasks(obj, pids).items():
-        for key, ns in querydim.totals(pid, (*_TASK.unpack(raw[0])[_QUERY_AT:end], pid)).items():
+        for key, ns in querydim.totals(pid, _query_fields(pid, raw)).items():
             out[key] = out.get(key, 0) + ns
     return out
+
+
+def _query_fields(pid: int, raw: RawTask) -> tuple[int, ...]:
+    """A raw entry's query dimension fields (querydim.FIELDS), then the pid."""
+    return (*_TASK.unpack(raw[0])[_QUERY_AT : _QUERY_AT + querydim.FIELDS], pid)
 
 
 def _query_ns(
@@ -417,8 +421,7 @@ def _query_ns(
     rodata = query.rodata()
 
     def fields(raws: dict[int, RawTask]) -> dict[int, tuple[int, ...]]:
-        end = _QUERY_AT + querydim.FIELDS
-        return {pid: (*_TASK.unpack(raw[0])[_QUERY_AT:end], pid) for pid, raw in raws.items()}
+        return {pid: _query_fields(pid, raw) for pid, raw in raws.items()}
 
     def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
         raw = after[pid] if q == fields_after.get(pid) else before[pid]

@@ -26,8 +26,8 @@ from pgprobe.waitevents import statement
 CPU, PREEMPTED, WOKEN, WAIT = 1, 2, 3, 4
 # qa_state, qa_id, cc0; r_state, r_id, r_cpu, r_rq2; s_state, s_id, s_wei, s_wait, s_rq3;
 # span (runs' parts before their last statement); q_next (moves of slots' totals to the map
-# so far: a slot taken over, or all of them at the exit_group); the
-# slots, 4 fields each: pair << 16 | state and wei << 32, id, a, b (waits.bpf.c's qslot)
+# so far: a slot taken over, or all of them at the exit_group); the slots, 4 fields each:
+# pair << 16 | state and wei << 32, id, a, b (waits.bpf.c's qslot)
 QSLOTS = 32
 _SLOTS_AT = 14
 FIELDS = _SLOTS_AT + 4 * QSLOTS
@@ -189,16 +189,6 @@ def _grown(
     return any(_lookup(obj, k) > read.get(k, 0) for k in keys)
 
 
-def _all_keys(q: tuple[int, ...]) -> list[tuple[int, int, int, int, int]]:
-    """Every key an entry (fields q, ending with the pid) holds totals for."""
-    tid = q[-1]
-    keys = [(tid, CPU, q[3], 0, q[4]), (tid, PREEMPTED, q[3], 0, q[4]),
-            (tid, WAIT, q[7], q[9], q[8]), (tid, WOKEN, q[7], q[9], q[8])]  # fmt: skip
-    for key_a, _a, key_b, _b in _slots(tid, q).values():
-        keys += [key_a, key_b]
-    return keys
-
-
 def snapshot_map(
     obj: libbpf.BpfObject,
     read: Charges,
@@ -216,7 +206,7 @@ def snapshot_map(
         old, new = before.get(pid), after.get(pid)
         if new is None:
             # exited between the reads: all of it went to the map at its last switch-out
-            if old is not None and _grown(obj, _all_keys(old), read):
+            if old is not None and _grown(obj, list(totals(pid, old)), read):
                 with contextlib.suppress(KeyError):
                     for key, ns in live(pid, old).items():
                         out[key] = out.get(key, 0) + ns
