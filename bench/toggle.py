@@ -28,7 +28,8 @@ the floor); over the blocks, the geometric mean and its 95 % interval (bench.sta
 `pgprobe waits` does beside its programs (the seed at the attach, the read at the end:
 once per capture) is not in these windows. Then one window each with the kernel's BPF
 statistics on (they cost two clock reads per run, so the TPS windows run without them):
-fires/s and ns per fire (--cost-rounds N: N such rounds, the variants in turn; the medians).
+fires/s of sched_switch and BPF ns per fire, every program's time (on_recv's too) over
+those fires (--cost-rounds N: N such rounds, the variants in turn; the medians).
 
 With --queries the cluster runs with query ids, as a server `pgprobe queries` keys by id
 does: shared_preload_libraries = 'pg_stat_statements' and compute_query_id = on (without
@@ -243,11 +244,14 @@ def measure_costs(switch: Switcher, result: Result, rounds: int = 1) -> None:
                 time.sleep(STATS_WINDOW_S)
                 after, switches = bpfstats.programs(os.getpid(), names), common.context_switches()
                 switch.to(NONE)
-                runs = [
-                    p for p in bpfstats.delta(before, after) if p.name == "on_switch" and p.runs
-                ]
-                if runs:
-                    fires, ns = sum(p.runs for p in runs), sum(p.ns for p in runs)
+                # every program's time (the query dimension's on_recv too) per switch-out
+                runs = [p for p in bpfstats.delta(before, after) if p.runs]
+                fires = sum(p.runs for p in runs if p.name == "on_switch")
+                common.log(f"toggle: {variant}: " + ", ".join(
+                    f"{p.name} {p.runs / STATS_WINDOW_S:,.0f}/s x {p.ns / p.runs:.0f} ns"
+                    for p in runs))  # fmt: skip
+                if fires:
+                    ns = sum(p.ns for p in runs)
                     per_s = common.switches_per_s(switches0, switches)
                     cost = Cost(fires / STATS_WINDOW_S, ns / fires, per_s)
                     result.cost_rounds.setdefault(variant, []).append(cost)
@@ -290,12 +294,13 @@ def measure(
             load = Workload(load.key, load.label, (*load.args, *many_statements(cluster.root)))
         rodata, query_rodata = waits_rodata(cluster, queries)
         objects = {FLOOR: BpfObject(EMPTY, {})} if floor else {}
-        objects[WAITS] = BpfObject(path, rodata)
+        objects[WAITS] = BpfObject(path, rodata, compiled.QUERY_PROGRAMS)  # as `pgprobe waits`
         if queries:
             objects[QUERIES] = BpfObject(path, {**rodata, **query_rodata})
         # with --queries, another build is one of the query dimension's (loaded as such)
         other = {**rodata, **query_rodata} if queries else rodata
-        objects.update({o.stem: BpfObject(o, other) for o in others})
+        off = frozenset() if queries else compiled.QUERY_PROGRAMS
+        objects.update({o.stem: BpfObject(o, other, off) for o in others})
         switch = Switcher(objects)
         costs_s = (STATS_WINDOW_S + 1) * len(objects) * cost_rounds
         total = int(minutes * 60) + WARMUP_S + costs_s + 30

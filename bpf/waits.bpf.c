@@ -30,7 +30,9 @@
  * Attach points: raw BTF tracepoints (tp_btf/sched_switch, ...): the program gets the
  * kernel's own arguments, with no perf record filled for it (the classic tracepoints'
  * ~350 ns per switch on our AMD host, which bpftrace 0.17 cannot avoid), and
- * task_struct fields are plain loads (CO-RE relocated to the running kernel).
+ * task_struct fields are plain loads (CO-RE relocated to the running kernel). The query
+ * dimension adds two system call tracepoints (exit_group, recvfrom), attached only when
+ * it is asked for (pgprobe/tools/waits/compiled.py's QUERY_PROGRAMS).
  *
  * USAGE: not run by hand: scripts/build-bpf compiles it (clang -target bpf) into
  *   bpf/build/waits.bpf.o, and `pgprobe waits` (and triage, lwlocks' fallback, serve)
@@ -126,8 +128,9 @@ const volatile __u64 text_hash = 0;
  * Runs that span statements: st_activity_start_timestamp (act_off; PostgreSQL's clock,
  * microseconds since 2000) turned into this program's (monotonic) clock with pg_clock_ns
  * (realtime - monotonic - the 2000 epoch, measured by pgprobe at the load). The part of a
- * run before its last statement began, past SPAN_MIN_NS, may have run an earlier
- * statement whose end no switch-out marked: counted (Q_SPANNED), still charged to the last
+ * run (since its last mark: on_recv) before its last statement began, past SPAN_MIN_NS,
+ * may have run an earlier statement whose end neither a switch-out nor a mark saw (a
+ * multi-statement string, a pipeline): counted (Q_SPANNED), still charged to the last
  * statement, since that part also holds the preemptions and the steal before the last
  * statement began (an upper bound of the time charged to the wrong statement).
  */
@@ -208,6 +211,22 @@ struct task_state {
 	__u64 q_next;	/* moves of slots' totals to @query_ns so far (a slot taken over; the exit) */
 	struct qslot slots[QSLOTS];
 	__u64 slept_p;	/* first_sleep() at its first preemption since `since` (0: none) */
+	/*
+	 * Marks (on_recv): the backend asks its socket for the next message after a statement
+	 * ended (it reported since). mk_*: the last mark since `since` (mk_ns 0: none), the
+	 * statement that ended there (its key) and the change count; f_*: the first, whose
+	 * part (from the run's start, known at the switch-out) is charged then; mk_cpu,
+	 * mk_pre: what marks charged since `since` (the parts between two marks).
+	 */
+	__u64 mk_ns, mk_rd, mk_cc, mk_state, mk_id;
+	__u64 f_ns, f_rd, f_state, f_id, f_act;
+	__u64 mk_cpu, mk_pre;
+	/*
+	 * 1: asleep in ClientRead at `since`: its first recv() after it reads the message of
+	 * a statement not begun yet (nothing to mark), skipped unread (~1 of its 2 reads per
+	 * statement)
+	 */
+	__u64 mk_skip;
 };
 /* A statement read at a switch-out: the status entry's change count, state, id. */
 struct query {
@@ -415,11 +434,15 @@ static __always_inline __u64 entry_of(struct task_state *t)
  * false where it has none (the postmaster; a process before pgstat_beinit, after its
  * exit released its memory). Without a query id, with text_hash, the id is a hash of
  * the statement's first TEXT_MAX bytes (FNV-1a 64, ASCII digits left out: pgbench's
- * literals do not split a statement), flagged Q_TEXT.
+ * literals do not split a statement), flagged Q_TEXT. A global function: verified once,
+ * on its own (its loop), not at each of its three callers (inlined, the verifier's
+ * paths through on_switch passed its limit of a million instructions).
  */
-static __always_inline void read_query(__u64 be, struct query *q)
+__noinline int read_query(__u64 be, struct query *q)
 {
 	__u32 zero = 0;
+	if (!q)
+		return 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch, &zero);
 	__u64 span = query_span;
 
@@ -429,19 +452,19 @@ static __always_inline void read_query(__u64 be, struct query *q)
 	q->state = Q_NO_ENTRY;
 	q->id = 0;
 	if (!s || !be || span > SPAN_MAX || span < 8)
-		return;
+		return 0;
 	if (bpf_probe_read_user(s->entry, span, (void *)be))
-		return;
+		return 0;
 	q->ok = true;
 	q->cc = *(__u32 *)s->entry;
 	q->state = *(__u32 *)(s->entry + (state_off & (SPAN_MAX - 4))) & 0xff;
 	q->id = *(__u64 *)(s->entry + (qid_off & (SPAN_MAX - 8)));
 	q->act = act_off ? *(__u64 *)(s->entry + (act_off & (SPAN_MAX - 8))) : 0;
 	if (q->id || !text_hash || q->state == 0)
-		return;
+		return 0;
 	__u64 raw = *(__u64 *)(s->entry + (raw_off & (SPAN_MAX - 8)));
 	if (!raw || bpf_probe_read_user_str(s->text, TEXT_MAX, (void *)raw) <= 0)
-		return;
+		return 0;
 	__u64 h = 14695981039346656037ULL;
 	for (__u32 i = 0; i < TEXT_MAX; i++) {
 		__u8 c = s->text[i];
@@ -453,6 +476,7 @@ static __always_inline void read_query(__u64 be, struct query *q)
 	}
 	q->id = h;
 	q->state |= Q_TEXT;
+	return 0;
 }
 
 /* A slot's totals to @query_ns: it is taken over, or its task exits. */
@@ -531,17 +555,17 @@ static __always_inline void flush_sleeps(struct task_state *t, __u32 tid)
 
 /*
  * The statement a run belongs to, from what was read at its end (q) and at its start
- * (the sleep before it): nothing reported since (the change count unchanged: woken for
+ * (base: the sleep before it, or the last mark): nothing reported since (the change count unchanged: woken for
  * something else than a statement, or within one), the statement of the sleep; a
  * statement that ended in it (idle now, reports made), that statement, active; else
  * the one read now.
  */
-static __always_inline void run_key(struct task_state *t, struct query *q, __u64 *state,
-				    __u64 *id)
+static __always_inline void run_key(__u64 base_state, __u64 base_id, __u64 base_cc,
+				    struct query *q, __u64 *state, __u64 *id)
 {
-	*state = t->qa_state;
-	*id = t->qa_id;
-	if (!q->ok || q->cc == t->cc0)
+	*state = base_state;
+	*id = base_id;
+	if (!q->ok || q->cc == base_cc)
 		return;
 	__u64 raw = q->state & 0xff;
 	*state = raw < 64 && (idle_states >> raw) & 1 ? (q->state & ~0xffULL) | active_state
@@ -606,6 +630,22 @@ static __always_inline __u64 read_wait_event(struct task_state *t, struct query 
 }
 
 /*
+ * The part of a run (`len` ns from `from`) before the statement read at its end began
+ * (act: st_activity_start_timestamp; the monotonic clock through pg_clock_ns), past
+ * SPAN_MIN_NS: an earlier statement with no sleep and no mark between (Q_SPANNED).
+ * Counted, not moved: see SPAN_MIN_NS.
+ */
+static __always_inline __u64 spanned(__u64 act, __u64 from, __u64 len)
+{
+	if (!act || !pg_clock_ns)
+		return 0;
+	__u64 began = act * 1000 - pg_clock_ns;
+	if (began <= from || began - from <= SPAN_MIN_NS)
+		return 0;
+	return began - from < len ? began - from : len;
+}
+
+/*
  * The interval from the entry's `since` to now, on the kernel's counters: on CPU and in
  * a runqueue (before the first preemption: woken, not yet running; after it: preempted),
  * and the rest asleep: the sleep begun at `since`, in `a`. nv: the process's voluntary
@@ -649,16 +689,32 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 		 * set, a ClientRead's state still idle); the sleep below to the statement read
 		 * when it began.
 		 */
-		__u64 rs, rid, run = dcpu + dq - woken, before = 0;
-		run_key(t, q, &rs, &rid);
-		if (q->ok && q->act && pg_clock_ns && q->cc != t->cc0) {
-			/* the part of the run before its last statement began (monotonic clock) */
-			__u64 began = q->act * 1000 - pg_clock_ns, from = now - run;
-			if (began > from && began - from > SPAN_MIN_NS)
-				before = began - from < run ? began - from : run;
+		__u64 rs, rid, run = dcpu + dq - woken, from = now - run, cpu_l = dcpu;
+		__u64 pre_l = dq - woken;
+		if (t->mk_ns) {
+			/* split at marks: the first's part now, those between marks charged */
+			__u64 w1 = t->f_ns > from ? t->f_ns - from : 0, q1 = t->f_rd - t->rd0;
+			w1 = w1 < run ? w1 : run;
+			q1 = q1 > woken ? q1 - woken : 0;
+			q1 = q1 < w1 ? q1 : w1;
+			q1 = q1 < pre_l ? q1 : pre_l;
+			__u64 c1 = w1 - q1 < cpu_l ? w1 - q1 : cpu_l;
+			charge_run(t, tid, t->f_state, t->f_id, c1, q1);
+			t->span += spanned(t->f_act, from, w1);
+			cpu_l -= c1;
+			pre_l -= q1;
+			cpu_l = cpu_l > t->mk_cpu ? cpu_l - t->mk_cpu : 0;
+			pre_l = pre_l > t->mk_pre ? pre_l - t->mk_pre : 0;
+			from = t->mk_ns;
+			run_key(t->mk_state, t->mk_id, t->mk_cc, q, &rs, &rid);
+			if (q->ok && q->cc != t->mk_cc)
+				t->span += spanned(q->act, from, now > from ? now - from : 0);
+		} else {
+			run_key(t->qa_state, t->qa_id, t->cc0, q, &rs, &rid);
+			if (q->ok && q->cc != t->cc0)
+				t->span += spanned(q->act, from, run);
 		}
-		t->span += before;	/* counted, not moved: see SPAN_MIN_NS */
-		charge_run(t, tid, rs, rid, dcpu, dq - woken);
+		charge_run(t, tid, rs, rid, cpu_l, pre_l);
 		charge_sleep(t, tid, t->a, 0, woken);
 	}
 	if (t->state == SEEDED_ASLEEP || t->state == SEEDED_RUNNING) {
@@ -832,6 +888,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	t->cc0 = q.cc;
 	t->rd_p = 0;
 	t->slept_p = 0;
+	t->mk_ns = t->mk_cpu = t->mk_pre = 0;
+	t->mk_skip = (t->a & 0xff00ffff) == 0x06000000;	/* ClientRead, whatever its state */
 	t->cpu0 = cpu;
 	t->rd0 = rd;
 	t->nv0 = nv;
@@ -904,5 +962,60 @@ int on_exit_group(void *ctx)
 		t->slots[i].a = t->slots[i].b = 0;
 	}
 	t->q_next++;
+	return 0;
+}
+
+/*
+ * A backend asks its socket for its client's next message (recv(): the recvfrom system
+ * call on Linux): where it reported since its last sleep or mark, a statement ended here
+ * (state idle or idle in transaction, st_query_id still its id). A run that spans
+ * statements with no sleep between them (the client's next message already there when
+ * the backend asks: 3 statements in 4 under pgbench TPC-B on 2 CPUs) is split at these
+ * marks: the part since the last mark (wall time; runqueue time from run_delay, current
+ * while the task runs) to the statement that ended now; the part before the first mark
+ * at the switch-out, which knows where the run began.
+ */
+SEC("tracepoint/syscalls/sys_enter_recvfrom")
+int on_recv(void *ctx)
+{
+	struct task_struct *p = bpf_get_current_task_btf();
+	if (!query_span || !ours(p))
+		return 0;
+	struct task_state *t = bpf_task_storage_get(&task, p, 0, 0);
+	if (!t || !t->be_ptr)
+		return 0;
+	if (t->mk_skip) {
+		t->mk_skip = 0;
+		return 0;
+	}
+	struct query q;
+	read_query(t->be_ptr, &q);
+	__u64 base_cc = t->mk_ns ? t->mk_cc : t->cc0;
+	if (!q.ok || q.cc == base_cc)
+		return 0;	/* nothing reported since: within a statement, or none ran */
+	__u64 now = bpf_ktime_get_ns(), rd = p->sched_info.run_delay, state, id;
+	__u32 tid = p->pid;
+	if (t->mk_ns) {
+		run_key(t->mk_state, t->mk_id, t->mk_cc, &q, &state, &id);
+		__u64 wall = now > t->mk_ns ? now - t->mk_ns : 0;
+		__u64 pre = rd > t->mk_rd ? rd - t->mk_rd : 0;
+		pre = pre < wall ? pre : wall;
+		charge_run(t, tid, state, id, wall - pre, pre);
+		t->span += spanned(q.act, t->mk_ns, wall);
+		t->mk_cpu += wall - pre;
+		t->mk_pre += pre;
+	} else {
+		run_key(t->qa_state, t->qa_id, t->cc0, &q, &state, &id);
+		t->f_ns = now;
+		t->f_rd = rd;
+		t->f_state = state;
+		t->f_id = id;
+		t->f_act = q.act;
+	}
+	t->mk_ns = now;
+	t->mk_rd = rd;
+	t->mk_cc = q.cc;
+	t->mk_state = state;
+	t->mk_id = id;
 	return 0;
 }

@@ -65,9 +65,10 @@ def bpftrace_child(ppid: int) -> int | None:
     return None
 
 
-# bpf/waits.bpf.c's programs (sched_switch, process exit, process fork, exit_group),
-# attached together
-WAITS_BPF_LINKS = 4
+# bpf/waits.bpf.c's programs (sched_switch, process exit, process fork), attached
+# together; with the query dimension, its system call tracepoints too (exit_group, recvfrom)
+WAITS_BPF_LINKS = 3
+QUERIES_BPF_LINKS = 5
 
 
 def bpf_link_fds(pid: int) -> int:

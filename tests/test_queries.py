@@ -6,26 +6,26 @@
   statement's CPU + runqueue is its backend's /proc/PID/schedstat delta ± 2 % (plus, on
   the upper side, the machine's steal: schedstat's CPU time leaves it out); an UPDATE
   blocked 3 s by another session's row lock is 3.0 s ± 2 % of Lock:transactionid on its id.
-- pgbench TPC-B at a quarter of its unthrottled rate, one statement in ten a heavier one
-  (10k rows of pgbench_accounts), every build: each statement with ≥ 5 % of DB time has an
-  active time of at least 0.95 times its pg_stat_statements total_exec_time + total_plan_time delta
-  over the same seconds (sampled every 0.1 s by the test, taken at the window's edges
-  pgprobe reports), and at most 2 times it where pg_stat_statements times at least 0.5 ms
-  per call; the top statement is the same in both. Why not 2 times for every statement:
-  pg_stat_statements times the executor and the planner; pgprobe holds all the active time
-  (pg_stat_activity's `active`): reading the message, parse analysis, sending the result,
-  a preemption in any of it; on TPC-B's 20-100 µs statements on a 2-CPU VM that is 1.8-7
-  times the executor's time (measured: docs/queries.md). And transaction control (BEGIN,
-  END, COMMIT) is left out of both checks: its commit runs after pg_stat_statements' hook
-  returns (finish_xact_command), so pg_stat_statements times it at ~1 µs while the commit,
-  its WAL and the statistics flush at idle are END's. Why a quarter and not half the
-  rate (the issue's): at half, pgbench often sends the next statement before the backend
-  has gone to sleep after the last one, and a run that spans two statements is charged to
-  the second (no switch-out between them to split it at): the heavy statement measured
-  0.73-0.83 of pg_stat_statements' time there; such runs' parts before their last
-  statement began are counted (meta.not_split_us, an upper bound of the time charged to a
-  later statement): checked once at half the rate (the heavy statement's row plus that
-  count reach 0.95 of pg_stat_statements' time).
+- pgbench TPC-B at half its unthrottled rate (the issue's), one statement in ten a heavier
+  one (10k rows of pgbench_accounts), every build: each statement with ≥ 5 % of DB time has
+  an active time of at least 0.95 times its pg_stat_statements total_exec_time +
+  total_plan_time delta over the same seconds (sampled every 0.1 s by the test, taken at
+  the window's edges pgprobe reports), and at most 2 times it where pg_stat_statements
+  times at least 0.5 ms per call; the top statement is the same in both. Why not 2 times
+  for every statement: pg_stat_statements times the executor and the planner; pgprobe
+  holds all the active time (pg_stat_activity's `active`): reading the message, parse
+  analysis, sending the result, a preemption in any of it; on TPC-B's 20-100 µs
+  statements on a 2-CPU VM that is 1.8-4.4 times the executor's time (measured:
+  docs/queries.md). And transaction control (BEGIN, END, COMMIT) is left out of both
+  checks: its commit runs after pg_stat_statements' hook returns (finish_xact_command), so
+  pg_stat_statements times it at ~1 µs while the commit, its WAL and the statistics flush
+  at idle are END's. At this rate pgbench often sends the next statement before the
+  backend has gone to sleep after the last one (3 statements in 4): runs that span
+  statements are split where the backend asks for its next message (waits.bpf.c's
+  on_recv), which this checks (the heavy statement kept 0.71-0.83 of its time before).
+- The same mix unthrottled (once): the heavy statement's row is still 0.95-2 times
+  pg_stat_statements' time, and the output counts what may be charged to a later
+  statement (meta.not_split_us).
 - compute_query_id = off (once): the one line with the fix, and the statements grouped by
   their text (pg_sleep's 2.0 s ± 2 % under its text).
 - More statements in one session than its entry has slots (once): 48 pg_sleep(0.05) of
@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 from helpers import (
     CHECKOUT,
-    WAITS_BPF_LINKS,
+    QUERIES_BPF_LINKS,
     bpf_link_fds,
     cluster_for,
     need,
@@ -83,7 +83,7 @@ def queries_running(
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            cwd=CHECKOUT)  # fmt: skip
     deadline = time.monotonic() + 60
-    while bpf_link_fds(run.pid) < WAITS_BPF_LINKS:
+    while bpf_link_fds(run.pid) < QUERIES_BPF_LINKS:
         assert run.poll() is None, run.communicate()
         assert time.monotonic() < deadline, "pgprobe queries did not attach in 60 s"
         time.sleep(0.01)
@@ -231,7 +231,7 @@ Truth = dict[int, tuple[float, int]]  # query id -> (exec + plan ms, calls) over
 
 def pgbench_window(build: PgBuild, divisor: int) -> tuple[dict[str, Any], Truth]:
     """`pgprobe queries` over 8 s of TPC-B plus one heavier statement in ten at 1/divisor of
-    the mix's unthrottled rate, and pg_stat_statements over the same seconds."""
+    the mix's unthrottled rate (0: unthrottled), and pg_stat_statements over the same seconds."""
     with cluster_for(build, SETTINGS, name="pgprobe-queries-tpcb") as pg:
         init = pg.pgbench("-i", "-q", "-s", "2")
         assert init.wait(timeout=300) == 0
@@ -240,8 +240,8 @@ def pgbench_window(build: PgBuild, divisor: int) -> tuple[dict[str, Any], Truth]
         heavy.write_text(HEAVY)
         heavy.chmod(0o644)
         scripts = ("-b", "tpcb-like@9", "-f", f"{heavy}@1")
-        rate = max(20, int(unthrottled_tps(pg, scripts) / divisor))
-        load = pg.pgbench(*scripts, "-c", "4", "-j", "2", "-T", "16", "-n", "-R", str(rate))
+        rate = ["-R", str(max(20, int(unthrottled_tps(pg, scripts) / divisor)))] if divisor else []
+        load = pg.pgbench(*scripts, "-c", "4", "-j", "2", "-T", "16", "-n", *rate)
         time.sleep(2)
         sampler = StatementsSampler(pg)
         sampler.start()
@@ -265,7 +265,7 @@ def statements_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_pgbench_statements_against_pg_stat_statements(pg_build: PgBuild, tracing: None) -> None:
     need(compiled.object_path() is not None, "bpf/build/waits.bpf.o: run scripts/build-bpf")
-    doc, truth = pgbench_window(pg_build, 4)
+    doc, truth = pgbench_window(pg_build, 2)
     db_us = doc["meta"]["db_time_us"]
     statements = statements_of(doc)
     bounded = 0
@@ -288,19 +288,17 @@ def test_pgbench_statements_against_pg_stat_statements(pg_build: PgBuild, tracin
 
 
 @pytest.mark.once
-def test_time_not_split_among_statements_is_counted(pg_build: PgBuild, tracing: None) -> None:
-    """At half the rate, runs span statements (the client sends the next one before the
-    backend sleeps): the heavy statement's own row may fall short of pg_stat_statements,
-    but what it lost is within what the output says may be charged to a later statement."""
+def test_heavy_statement_kept_unthrottled(pg_build: PgBuild, tracing: None) -> None:
+    """Unthrottled, runs span statements most of the time: the heavy statement's row
+    still holds its own time (split at the backend's reads of its next message)."""
     need(compiled.object_path() is not None, "bpf/build/waits.bpf.o: run scripts/build-bpf")
-    doc, truth = pgbench_window(pg_build, 2)
+    doc, truth = pgbench_window(pg_build, 0)
     (heavy,) = [r for r in statements_of(doc) if r["query"].startswith("SELECT sum(abalance)")]
     ms, _calls = truth[heavy["query_id"]]
     not_split = doc["meta"]["not_split_us"] / 1000
     print(f"heavy {heavy['db_time_us'] / 1000:.1f} ms, not split {not_split:.1f} ms, "
           f"pg_stat_statements {ms:.1f} ms")  # fmt: skip
-    assert heavy["db_time_us"] / 1000 + not_split >= 0.95 * ms, (heavy, not_split, ms)
-    assert heavy["db_time_us"] / 1000 <= 2.0 * ms
+    assert 0.95 * ms <= heavy["db_time_us"] / 1000 <= 2.0 * ms, (heavy, not_split, ms)
 
 
 @pytest.mark.once
@@ -314,7 +312,7 @@ def test_waits_by_query(pg_build: PgBuild, tracing: None) -> None:
         run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=CHECKOUT)  # fmt: skip
         deadline = time.monotonic() + 60
-        while bpf_link_fds(run.pid) < WAITS_BPF_LINKS:
+        while bpf_link_fds(run.pid) < QUERIES_BPF_LINKS:
             assert run.poll() is None and time.monotonic() < deadline, run.communicate()
             time.sleep(0.01)
         sleeper(pg)

@@ -41,6 +41,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_object__find_map_by_name": (_V, [_V, ctypes.c_char_p]),
     "bpf_program__name": (ctypes.c_char_p, [_V]), "bpf_program__fd": (_INT, [_V]),
     "bpf_program__attach": (_V, [_V]), "bpf_link__destroy": (_INT, [_V]),
+    "bpf_program__set_autoload": (_INT, [_V, ctypes.c_bool]),
     "bpf_map__initial_value": (_V, [_V, ctypes.POINTER(ctypes.c_size_t)]),
     "bpf_map__fd": (_INT, [_V]), "bpf_map__type": (_INT, [_V]),
     "bpf_map__key_size": (_U32, [_V]), "bpf_map__value_size": (_U32, [_V]),
@@ -170,8 +171,12 @@ def _cause(log: list[str]) -> str | None:
 class BpfObject:
     """A compiled BPF object, loaded (verified) on construction; attach() starts its programs."""
 
-    def __init__(self, path: Path, rodata: dict[str, int]) -> None:
+    def __init__(
+        self, path: Path, rodata: dict[str, int], off: frozenset[str] = frozenset()
+    ) -> None:
+        """off: programs neither loaded nor attached (a part of the object not asked for)."""
         self.path = path
+        self.off = off
         self.log: list[str] = []
         self._obj: int | None = None
         self._links: list[int] = []
@@ -186,6 +191,9 @@ class BpfObject:
             raise LibbpfError(f"cannot open {path}: {why}")
         try:
             self._set_rodata(rodata, symbols)
+            for name, prog in self._programs():
+                if name in off and lib.bpf_program__set_autoload(prog, False):
+                    raise LibbpfError(f"cannot leave program {name} of {path.name} unloaded")
             _sink.log = self.log
             err = lib.bpf_object__load(self._obj)
             if err < 0:
@@ -230,6 +238,8 @@ class BpfObject:
         lib = _lib()
         self.detach()
         for name, prog in self._programs():
+            if name in self.off:
+                continue
             start = len(self.log)
             _sink.log = self.log
             link = lib.bpf_program__attach(prog)
@@ -327,7 +337,8 @@ class BpfObject:
 
     def program_fds(self) -> list[int]:
         """Each program's fd (its /proc/self/fdinfo has run_time_ns, recursion_misses...)."""
-        return [_lib().bpf_program__fd(prog) for _, prog in self._programs()]
+        lib = _lib()
+        return [lib.bpf_program__fd(p) for name, p in self._programs() if name not in self.off]
 
     def close(self) -> None:
         """Detach (destroy the links) and free everything; idempotent."""

@@ -54,10 +54,15 @@ HIST_SLOTS = 48
 _HIST_AT = 15
 _QUERY_AT = _HIST_AT + HIST_SLOTS  # the query dimension's fields (querydim.FIELDS)
 # after the histogram: the query dimension's fields, then slept_p (the sleep begun at
-# `since` as measured at its first preemption since, +1; 0: none)
-TAIL_FIELDS = querydim.FIELDS + 1
+# `since` as measured at its first preemption since, +1; 0: none), then the marks
+TAIL_FIELDS = querydim.FIELDS + 1 + querydim.MARK_FIELDS
+_SLEPT_P = _QUERY_AT + querydim.FIELDS
+_MARKS_AT = _SLEPT_P + 1
 _TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
+# The query dimension's own programs: system call tracepoints, which once attached slow
+# every system call of the host a little (its tracing path): loaded only when asked for.
+QUERY_PROGRAMS = frozenset({"on_exit_group", "on_recv"})
 _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
 
 
@@ -131,7 +136,8 @@ def capture(
     globals_ = {**rodata(args), **(query.rodata() if query else {})}
     return CompiledCapture(path, globals_, lambda obj, info: read(obj, info, pids(), query),
                            duration, interval or None, start_window, duty,
-                           lambda obj: _seed(obj, start, address, entry, query))  # fmt: skip
+                           lambda obj: _seed(obj, start, address, entry, query),
+                           frozenset() if query else QUERY_PROGRAMS)  # fmt: skip
 
 
 def rodata(args: list[int | Path]) -> dict[str, int]:
@@ -216,7 +222,8 @@ def _seed(
         state = SEEDED_ASLEEP if sleeping and last.runs == base.runs else SEEDED_RUNNING
         fields = query.seed(pid) if query else (0,) * querydim.FIELDS
         value = _TASK.pack(since, state, wei, 0, *totals, base.cpu_ns, base.runq_ns,
-                           base.sleeps, *[0] * (3 + HIST_SLOTS), *fields, 0)  # fmt: skip
+                           base.sleeps, *[0] * (3 + HIST_SLOTS), *fields, 0,
+                           *[0] * querydim.MARK_FIELDS)  # fmt: skip
         with contextlib.suppress(OSError, libbpf.LibbpfError), _pidfd(pid) as pidfd:
             obj.update("task", _I32.pack(pidfd), value, only_new=True)  # refused: exited
 
@@ -283,7 +290,7 @@ def _open(raw: RawTask) -> querydim.Open:
     cpu0, rd0, nv0 = fields[9:12]
     span = max(0, when - since)
     on_cpu, queued, slept = _split(span, cpu0, rd0, counters)
-    slept_p = fields[-1]
+    slept_p = fields[_SLEPT_P]
     if rd_p and slept_p and slept_p - 1 < slept:
         # The sleep's length is known (the object's first_sleep): the rest is on CPU, with
         # the steal that sum_exec_runtime leaves out (a wait for a CPU under way now too,
@@ -299,7 +306,7 @@ def _open(raw: RawTask) -> querydim.Open:
         asleep_in = a
     # else: no sleep under way at `since` (forked, or running at the seed: the clocks'
     # difference), or a sleep not seen (counted by the object at the next switch-out)
-    return querydim.Open(on_cpu, queued - woken, woken, slept, asleep_in, a, when)
+    return querydim.Open(on_cpu, queued - woken, woken, slept, asleep_in, a, when, rd0)
 
 
 def read(
@@ -406,8 +413,10 @@ def query_totals(obj: libbpf.BpfObject, pids: list[int]) -> querydim.Charges:
 
 
 def _query_fields(pid: int, raw: RawTask) -> tuple[int, ...]:
-    """A raw entry's query dimension fields (querydim.FIELDS), then the pid."""
-    return (*_TASK.unpack(raw[0])[_QUERY_AT : _QUERY_AT + querydim.FIELDS], pid)
+    """A raw entry's query dimension fields (querydim.FIELDS), its marks, then the pid."""
+    fields = _TASK.unpack(raw[0])
+    marks = fields[_MARKS_AT : _MARKS_AT + querydim.MARK_FIELDS]
+    return (*fields[_QUERY_AT : _QUERY_AT + querydim.FIELDS], *marks, pid)
 
 
 def _query_ns(

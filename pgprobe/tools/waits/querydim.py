@@ -31,6 +31,10 @@ CPU, PREEMPTED, WOKEN, WAIT = 1, 2, 3, 4
 QSLOTS = 32
 _SLOTS_AT = 14
 FIELDS = _SLOTS_AT + 4 * QSLOTS
+# The marks (waits.bpf.c's on_recv), after slept_p: the last one (mk_ns, mk_rd, mk_cc,
+# mk_state, mk_id), the first (f_ns, f_rd, f_state, f_id, f_act), what marks charged
+# (mk_cpu, mk_pre), mk_skip; mk_ns 0: no mark since the entry's `since`
+MARK_FIELDS = 13
 PAIR_RUN, PAIR_SLEEP = 1, 2
 
 _KEY = struct.Struct("<IIIIQ")  # tid, pair << 16 | state, wei, pad, id
@@ -77,6 +81,7 @@ class Open:
     asleep_in: int | None  # the wait event of the open sleep (None: none under way)
     woken_in: int  # the wait event the runqueue time after a wakeup is charged with
     read_at: int = 0  # when the counters were read (monotonic ns): the open run's end
+    rd0: int = 0  # run_delay at the entry's `since` (a first mark's runqueue part)
 
 
 Charges = dict[tuple[int, int, int, int, int], int]
@@ -103,29 +108,25 @@ def _slots(tid: int, q: tuple[int, ...]) -> dict[int, Slot]:
 
 
 def run_key(
-    q: tuple[int, ...], now: statement.Read | None, major_rodata: dict[str, int]
+    base: tuple[int, int, int], now: statement.Read | None, major_rodata: dict[str, int]
 ) -> tuple[int, int]:
-    """The statement of the run under way, as waits.bpf.c's run_key() decides at its end."""
-    qa_state, qa_id, cc0 = q[0], q[1], q[2]
-    if now is None or now.state & statement.NO_ENTRY or now.changecount == cc0:
-        return qa_state, qa_id
+    """The statement of the run under way, as waits.bpf.c's run_key() decides at its end;
+    base: (state, id, change count) of the sleep before it or of its last mark."""
+    if now is None or now.state & statement.NO_ENTRY or now.changecount == base[2]:
+        return base[0], base[1]
     raw = now.state & 0xFF
     if (major_rodata["idle_states"] >> raw) & 1:
         return (now.state & ~0xFF) | major_rodata["active_state"], now.query_id
     return now.state, now.query_id
 
 
-def _before_statement(
-    q: tuple[int, ...], now: statement.Read | None, open_: Open, rodata: dict[str, int]
-) -> int:
-    """The part of the open run before the statement read now began (waits.bpf.c's
-    Q_SPANNED): an earlier statement of the same run, past SPAN_MIN_NS."""
-    run = open_.on_cpu + open_.preempted
-    if now is None or not now.activity_start_us or now.changecount == q[2] or not run:
+def _spanned(act_us: int, start: int, length: int, rodata: dict[str, int]) -> int:
+    """waits.bpf.c's spanned(): the part of a run (length ns from start) before the
+    statement that began at act_us (PostgreSQL's clock), past SPAN_MIN_NS."""
+    if not act_us or not length:
         return 0
-    began = now.activity_start_us * 1000 - rodata["pg_clock_ns"]
-    since = open_.read_at - run
-    return min(began - since, run) if began - since > statement.SPAN_MIN_NS else 0
+    began = act_us * 1000 - rodata["pg_clock_ns"]
+    return min(began - start, length) if began - start > statement.SPAN_MIN_NS else 0
 
 
 def totals(tid: int, q: tuple[int, ...]) -> Charges:
@@ -147,15 +148,34 @@ def totals(tid: int, q: tuple[int, ...]) -> Charges:
 def charges(
     tid: int, q: tuple[int, ...], open_: Open, now: statement.Read | None, rodata: dict[str, int]
 ) -> Charges:
-    """One live process's running totals and open interval, as @query_ns keys."""
+    """One live process's running totals and open interval, as @query_ns keys (fields q:
+    the query dimension's, the marks', the pid). Its run is split at its marks as
+    waits.bpf.c's close_interval splits one: the first mark's part from the run's start,
+    the rest (less what marks charged) to the statement read now."""
     qa_state, qa_id = q[0], q[1]
+    mk_ns, _rd, mk_cc, mk_state, mk_id, f_ns, f_rd, f_state, f_id, f_act, mk_cpu, mk_pre = q[
+        FIELDS : FIELDS + MARK_FIELDS - 1
+    ]
     out = totals(tid, q)
-    rs, rid = run_key(q, now, rodata)
-    before = _before_statement(q, now, open_, rodata)
-    cpu_before = open_.on_cpu * before // (open_.on_cpu + open_.preempted) if before else 0
-    _add(out, (tid, CPU, statement.SPANNED, 0, 0), before)
-    _add(out, (tid, CPU, rs, 0, rid), open_.on_cpu - cpu_before)
-    _add(out, (tid, PREEMPTED, rs, 0, rid), open_.preempted - (before - cpu_before))
+    cpu, pre = open_.on_cpu, open_.preempted
+    start = open_.read_at - cpu - pre
+    base = (qa_state, qa_id, q[2])
+    spanned = 0
+    if mk_ns:
+        w1 = min(max(f_ns - start, 0), cpu + pre)
+        q1 = min(max(f_rd - open_.rd0 - open_.woken, 0), w1, pre)
+        c1 = min(w1 - q1, cpu)
+        _add(out, (tid, CPU, f_state, 0, f_id), c1)
+        _add(out, (tid, PREEMPTED, f_state, 0, f_id), q1)
+        spanned += _spanned(f_act, start, w1, rodata)
+        cpu, pre = max(cpu - c1 - mk_cpu, 0), max(pre - q1 - mk_pre, 0)
+        start, base = mk_ns, (mk_state, mk_id, mk_cc)
+    rs, rid = run_key(base, now, rodata)
+    if now is not None and now.changecount != base[2]:
+        spanned += _spanned(now.activity_start_us, start, max(open_.read_at - start, 0), rodata)
+    _add(out, (tid, CPU, statement.SPANNED, 0, 0), spanned)  # counted, not moved
+    _add(out, (tid, CPU, rs, 0, rid), cpu)
+    _add(out, (tid, PREEMPTED, rs, 0, rid), pre)
     _add(out, (tid, WOKEN, qa_state, open_.woken_in, qa_id), open_.woken)
     if open_.asleep_in is not None:
         _add(out, (tid, WAIT, qa_state, open_.asleep_in, qa_id), open_.slept)
