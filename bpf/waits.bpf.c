@@ -227,6 +227,12 @@ struct task_state {
 	 * statement)
 	 */
 	__u64 mk_skip;
+	/*
+	 * The statement read at its last recv() since `since` (lr_ok 0: none): its switch-out
+	 * into ClientRead right after takes it instead of a read of its own (nothing reports
+	 * between a recv() that finds no message and that sleep: one read less per statement)
+	 */
+	__u64 lr_cc, lr_state, lr_id, lr_act, lr_ok;
 };
 /* A statement read at a switch-out: the status entry's change count, state, id. */
 struct query {
@@ -605,18 +611,28 @@ static __always_inline void charge_sleep(struct task_state *t, __u32 tid, __u64 
 	t->s_rq3 += woken;
 }
 
-static __always_inline __u64 read_wait_event(struct task_state *t, struct query *q)
+/* *my_wait_event_info into wei (false: not readable) */
+static __always_inline bool raw_wait_event(struct task_state *t, __u32 *wei)
 {
-	__u64 p = t->wei_ptr, be = 0;
-	__u32 wei = 0, st = 0;
+	__u64 p = t->wei_ptr;
 
 	if (!p) {
 		if (bpf_probe_read_user(&p, sizeof(p), (void *)wei_addr) || !p)
-			return 1;
+			return false;
 		if (local_wei && p != local_wei)
 			t->wei_ptr = p;
 	}
-	if (bpf_probe_read_user(&wei, sizeof(wei), (void *)p))
+	return !bpf_probe_read_user(wei, sizeof(*wei), (void *)p);
+}
+
+/* The wait event the sleep begun is charged with: wei (ok: it was read), with st_state */
+static __always_inline __u64 read_wait_event(struct task_state *t, struct query *q, bool ok,
+					     __u32 wei)
+{
+	__u64 be = 0;
+	__u32 st = 0;
+
+	if (!ok)
 		return 1;
 	if (wei == 0x06000000 && be_addr) {
 		/* Client:ClientRead: the backend's st_state in bits 16-23 (waits.bt) */
@@ -815,9 +831,23 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			set(&exit_ns, tid, now);	/* its exit not seen (attached since) */
 	}
 	struct query q = { 0, Q_NO_ENTRY, 0, 0, false };
+	__u32 wei = 0;
+	bool wei_read = false, wei_ok = false;
 	if (t) {
-		if (query_span && !dead)
-			read_query(be_addr ? entry_of(t) : 0, &q);
+		if (query_span && !dead) {
+			wei_ok = raw_wait_event(t, &wei);
+			wei_read = true;
+			if (t->lr_ok && wei_ok && wei == 0x06000000) {
+				/* ClientRead right after a recv() that found nothing: its read */
+				q.cc = t->lr_cc;
+				q.state = t->lr_state;
+				q.id = t->lr_id;
+				q.act = t->lr_act;
+				q.ok = true;
+			} else {
+				read_query(be_addr ? entry_of(t) : 0, &q);
+			}
+		}
 		if (query_span && dead) {
 			/* its memory is gone: the statement read at its exit_group */
 			struct query *x = bpf_map_lookup_elem(&exit_query, &tid);
@@ -882,7 +912,10 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	}
 	t->since = now;
 	t->state = ASLEEP;
-	t->a = read_wait_event(t, &q);
+	if (!wei_read)
+		wei_ok = raw_wait_event(t, &wei);
+	t->a = read_wait_event(t, &q, wei_ok, wei);
+	t->lr_ok = 0;
 	t->qa_state = q.state;
 	t->qa_id = q.id;
 	t->cc0 = q.cc;
@@ -990,6 +1023,11 @@ int on_recv(void *ctx)
 	}
 	struct query q;
 	read_query(t->be_ptr, &q);
+	t->lr_cc = q.cc;
+	t->lr_state = q.state;
+	t->lr_id = q.id;
+	t->lr_act = q.act;
+	t->lr_ok = q.ok;
 	__u64 base_cc = t->mk_ns ? t->mk_cc : t->cc0;
 	if (!q.ok || q.cc == base_cc)
 		return 0;	/* nothing reported since: within a statement, or none ran */

@@ -33,8 +33,9 @@ _SLOTS_AT = 14
 FIELDS = _SLOTS_AT + 4 * QSLOTS
 # The marks (waits.bpf.c's on_recv), after slept_p: the last one (mk_ns, mk_rd, mk_cc,
 # mk_state, mk_id), the first (f_ns, f_rd, f_state, f_id, f_act), what marks charged
-# (mk_cpu, mk_pre), mk_skip; mk_ns 0: no mark since the entry's `since`
-MARK_FIELDS = 13
+# (mk_cpu, mk_pre), mk_skip, the last recv()'s read (lr_cc, lr_state, lr_id, lr_act,
+# lr_ok); mk_ns 0: no mark since the entry's `since`
+MARK_FIELDS = 18
 PAIR_RUN, PAIR_SLEEP = 1, 2
 
 _KEY = struct.Struct("<IIIIQ")  # tid, pair << 16 | state, wei, pad, id
@@ -154,7 +155,7 @@ def charges(
     the rest (less what marks charged) to the statement read now."""
     qa_state, qa_id = q[0], q[1]
     mk_ns, _rd, mk_cc, mk_state, mk_id, f_ns, f_rd, f_state, f_id, f_act, mk_cpu, mk_pre = q[
-        FIELDS : FIELDS + MARK_FIELDS - 1
+        FIELDS : FIELDS + 12
     ]
     out = totals(tid, q)
     cpu, pre = open_.on_cpu, open_.preempted
