@@ -966,6 +966,18 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 }
 
 /*
+ * The query dimension's system call programs: the entry of a process of ours whose
+ * status entry's address is known (NULL: none, or the dimension is off).
+ */
+static __always_inline struct task_state *query_task(struct task_struct *p)
+{
+	if (!query_span || !ours(p))
+		return NULL;
+	struct task_state *t = bpf_task_storage_get(&task, p, 0, 0);
+	return t && t->be_ptr ? t : NULL;
+}
+
+/*
  * A backend's exit (exit_group): its memory is still there, not at its final switch-out,
  * where its last run is charged: the statement read here, for that run (a backend that
  * reads its client's Terminate with no sleep after its last statement).
@@ -974,11 +986,9 @@ SEC("tracepoint/syscalls/sys_enter_exit_group")
 int on_exit_group(void *ctx)
 {
 	struct task_struct *p = bpf_get_current_task_btf();
-	if (!query_span || !ours(p))
-		return 0;
 	/* through the entry's address kept in its state: the exit cleared MyBEEntry itself */
-	struct task_state *t = bpf_task_storage_get(&task, p, 0, 0);
-	if (!t || !t->be_ptr)
+	struct task_state *t = query_task(p);
+	if (!t)
 		return 0;
 	__u32 tid = p->pid;
 	struct query q;
@@ -1012,10 +1022,8 @@ SEC("tracepoint/syscalls/sys_enter_recvfrom")
 int on_recv(void *ctx)
 {
 	struct task_struct *p = bpf_get_current_task_btf();
-	if (!query_span || !ours(p))
-		return 0;
-	struct task_state *t = bpf_task_storage_get(&task, p, 0, 0);
-	if (!t || !t->be_ptr)
+	struct task_state *t = query_task(p);
+	if (!t)
 		return 0;
 	if (t->mk_skip) {
 		t->mk_skip = 0;

@@ -36,6 +36,7 @@ FIELDS = _SLOTS_AT + 4 * QSLOTS
 # (mk_cpu, mk_pre), mk_skip, the last recv()'s read (lr_cc, lr_state, lr_id, lr_act,
 # lr_ok); mk_ns 0: no mark since the entry's `since`
 MARK_FIELDS = 18
+_MARKS_SPLIT = 12  # the marks' fields a read splits an open run with (to mk_pre)
 PAIR_RUN, PAIR_SLEEP = 1, 2
 
 _KEY = struct.Struct("<IIIIQ")  # tid, pair << 16 | state, wei, pad, id
@@ -155,7 +156,7 @@ def charges(
     the rest (less what marks charged) to the statement read now."""
     qa_state, qa_id = q[0], q[1]
     mk_ns, _rd, mk_cc, mk_state, mk_id, f_ns, f_rd, f_state, f_id, f_act, mk_cpu, mk_pre = q[
-        FIELDS : FIELDS + 12
+        FIELDS : FIELDS + _MARKS_SPLIT
     ]
     out = totals(tid, q)
     cpu, pre = open_.on_cpu, open_.preempted
