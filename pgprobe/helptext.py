@@ -78,7 +78,7 @@ _EXAMPLES: dict[str, list[Example]] = {
     "flame": [
         ("sudo pgprobe flame -U postgres > cpu.svg", "a CPU flame graph of the cluster (10 s)"),
         ("sudo pgprobe flame -U postgres --pid 4242 -d 30 -o cpu.svg", "one backend, 30 s"),
-        ("sudo pgprobe flame -U postgres --by pid -o cpu.svg", "each stack under its backend"),
+        ("sudo pgprobe flame -U postgres --by query -o cpu.svg", "each stack under its statement"),
         ("sudo pgprobe flame -U postgres --format folded -o cpu.folded", "folded stacks"),
         ("sudo pgprobe flame -U postgres -o cpu.pb.gz", "pprof: go tool pprof, Pyroscope, Parca"),
         ("pgprobe flame --from cpu.folded -o cpu.svg", "render a folded file (no root needed)"),
@@ -88,6 +88,7 @@ _EXAMPLES: dict[str, list[Example]] = {
         ("sudo pgprobe hot -U postgres --pid 4242 -d 30", "... one backend's, over 30 s"),
         ("sudo pgprobe hot -U postgres --sort total --top 10", "the 10 most often on the stack"),
         ("sudo pgprobe hot -U postgres --lib --kernel", "CPU per library, the kernel's too"),
+        ("sudo pgprobe hot -U postgres --by query --top 5", "each statement's top 5 functions"),
     ],
     "triage": [
         ("sudo pgprobe triage -U postgres", "everything over 30 s, as an HTML report here"),

@@ -202,3 +202,11 @@ def _umask() -> int:
     mask = os.umask(0o077)
     os.umask(mask)
     return mask
+
+
+PPROF_SUFFIX = ".pb.gz"  # `-o cpu.pb.gz` means --format pprof (every tool with pprof output)
+
+
+def wants_pprof(output: str | None) -> bool:
+    """`-o cpu.pb.gz`: the file name asks for pprof."""
+    return bool(output) and str(output).endswith(PPROF_SUFFIX)

@@ -136,9 +136,10 @@ def test_old_spellings_are_out_of_the_help(helps: dict[str, str]) -> None:
             assert not re.search(rf"{option}\b", helps[name]), (name, option)
     for name in ("flame", "hot", "triage", "serve"):
         assert "-F HZ, --frequency HZ" in helps[name], name
-    for name in ("flame", "lwlocks"):
-        assert "--by {pid}" in helps[name], name
-    assert "--by {pid,query}" in helps["waits"]
+    assert "--by {pid}" in helps["lwlocks"]
+    for name in ("flame", "waits"):
+        assert "--by {pid,query}" in helps[name], name
+    assert "--by {query}" in helps["hot"]
 
 
 @pytest.mark.parametrize(

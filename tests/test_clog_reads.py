@@ -59,6 +59,9 @@ from pgprobe.tools import clog_reads
 
 APPLICATION = "slru-workload"
 HEX_FRAME = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")
+# pg_stat_statements for the query ids of `clog-reads --by query` (tests/test_clog_uprobe.py);
+# it reads no SLRU page, so the exact counts stay exact
+STATEMENTS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on"}
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -89,9 +92,10 @@ class Workload:
 @pytest.fixture(scope="module")
 def workload(pg_build: PgBuild, tracing: None) -> Iterator[Workload]:
     """On each build (tests marked once: the ONCE build only, see conftest.py)."""
-    with cluster_for(pg_build, CLUSTER_SETTINGS, name="pgprobe-clog") as pg:
+    with cluster_for(pg_build, {**CLUSTER_SETTINGS, **STATEMENTS}, name="pgprobe-clog") as pg:
         version = int(str(pg.sql("SHOW server_version_num")[0][0]))
         need(version >= 130000, "pg_stat_slru and pg_xact_status need PostgreSQL 13+")
+        pg.sql("CREATE EXTENSION pg_stat_statements")
         with pg.connect(application_name=APPLICATION) as conn:
             first, last = burn_xids(pg.conninfo, xact_burn_size(conn))
             with subtrans_holder(pg.conninfo) as holder:

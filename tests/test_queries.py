@@ -11,7 +11,7 @@
   an active time of at least 0.95 times its pg_stat_statements total_exec_time +
   total_plan_time delta over the same seconds (sampled every 0.1 s by the test, taken at
   the window's edges pgprobe reports), and at most 2 times it where pg_stat_statements
-  times at least 0.5 ms per call; the top statement is the same in both. Why not 2 times
+  times at least 5 ms per call; the top statement is the same in both. Why not 2 times
   for every statement: pg_stat_statements times the executor and the planner; pgprobe
   holds all the active time (pg_stat_activity's `active`): reading the message, parse
   analysis, sending the result, a preemption in any of it; on TPC-B's 20-100 µs
@@ -222,6 +222,10 @@ def unthrottled_tps(pg: PgCluster, scripts: tuple[str, ...]) -> float:
     return float(tps[0].split()[2])
 
 
+# The ≤ 2 bound holds where the executor's time per call outweighs what pgprobe also holds
+# (message read, parse, send, preemptions outside the executor): 0.6-2.4 ms per call on a
+# loaded 2-CPU VM (CI: UPDATE pgbench_accounts at 0.51 ms/call was 2.68 times its time).
+HEAVY_MS = 5.0
 HEAVY = "SELECT sum(abalance) FROM pgbench_accounts WHERE aid BETWEEN 1 AND 10000;\n"
 TRANSACTION_CONTROL = ("BEGIN", "END", "COMMIT", "START TRANSACTION")
 
@@ -277,7 +281,7 @@ def test_pgbench_statements_against_pg_stat_statements(pg_build: PgBuild, tracin
         print(f"{ratio:.3f} {row['db_time_us'] / 1e6:.3f} s {ms / calls:.3f} ms/call "
               f"{row['query'][:50]}")  # fmt: skip
         assert ratio >= 0.95, (ratio, row, ms)
-        if ms / calls >= 0.5:
+        if ms / calls >= HEAVY_MS:
             assert ratio <= 2.0, (ratio, row, ms)
             bounded += 1
     assert bounded >= 1, statements
@@ -350,16 +354,21 @@ def test_more_statements_than_slots_keep_their_time(pg_build: PgBuild, tracing: 
     """One session runs MANY_SHAPES statements of distinct ids, each a 0.05 s pg_sleep
     (twice each, and the session left open: its slots are taken over, their totals moved
     to the map while the capture runs, and the rest read from its entry at the end):
-    each id holds 0.1 s ± 2 % of PgSleep, the sum 2 x MANY_SHAPES x 0.05 s ± 2 %."""
+    each id holds 0.1 s of PgSleep, at least 2 % under it and at most 2 % over what the
+    client's clock saw the two statements take (a 50 ms pg_sleep overslept by 1.1 ms on a
+    loaded VM), the sum the same way."""
     need(compiled.object_path() is not None, "bpf/build/waits.bpf.o: run scripts/build-bpf")
     texts = [f"SELECT pg_sleep(0.05){', 1' * k}" for k in range(MANY_SHAPES)]
+    clock: dict[int, float] = {}  # shape -> the client's seconds for its two runs
     with cluster_for(pg_build, SETTINGS, name="pgprobe-queries-slots") as pg:
         pg.sql("CREATE EXTENSION pg_stat_statements")
         with pg.connect() as conn, queries_running(pg, "--limit", "1000", duration=120,
                                                    interrupt=True) as run:  # fmt: skip
             for _ in range(2):
-                for text in texts:
+                for shape, text in enumerate(texts):
+                    began = time.monotonic()
                     conn.execute(text)
+                    clock[shape] = clock.get(shape, 0.0) + time.monotonic() - began
         doc, _err = result(run)
         rows = pg.sql("SELECT queryid, query FROM pg_stat_statements "
                       "WHERE query LIKE 'SELECT pg_sleep%' AND toplevel")  # fmt: skip
@@ -368,6 +377,7 @@ def test_more_statements_than_slots_keep_their_time(pg_build: PgBuild, tracing: 
     assert sorted(ids) == list(range(MANY_SHAPES)), rows
     slept = {shape: wait_s(row_of(doc, qid), "PgSleep") for shape, qid in ids.items()}
     for shape, seconds in slept.items():
-        assert abs(seconds - 0.1) <= TOLERANCE * 0.1, (shape, seconds)
+        assert (1 - TOLERANCE) * 0.1 <= seconds <= (1 + TOLERANCE) * clock[shape], (
+            shape, seconds, clock[shape])  # fmt: skip
     total = sum(slept.values())
-    assert abs(total - 0.1 * MANY_SHAPES) <= TOLERANCE * 0.1 * MANY_SHAPES, total
+    assert (1 - TOLERANCE) * 0.1 * MANY_SHAPES <= total <= (1 + TOLERANCE) * sum(clock.values())

@@ -35,14 +35,19 @@ class QueryIds:
             return True
         return self.setting == "auto" and self.statements_loaded
 
+    def why_none(self) -> str:
+        """Why backends publish no ids ("" when they do)."""
+        if self.computed:
+            return ""
+        return (f"compute_query_id = {self.setting}" + (" and pg_stat_statements is not loaded"
+                if self.setting == "auto" else ""))  # fmt: skip
+
     def note(self) -> str | None:
         """One line when backends publish no query ids, with the fix (no restart)."""
         if self.computed:
             return None
-        why = (f"compute_query_id = {self.setting}" + (" and pg_stat_statements is not loaded"
-               if self.setting == "auto" else ""))  # fmt: skip
         return (
-            f"no query ids ({why}): statements are grouped by their text instead "
+            f"no query ids ({self.why_none()}): statements are grouped by their text instead "
             f"(read from pg_stat_activity); to get ids: {FIX}"
         )
 

@@ -18,7 +18,8 @@ Frames are functions in modules, as ``pgprobe hot`` counts them (kernel
 frames without FlameGraph's ``_[k]``, in ``[kernel.kallsyms]``; an empty stack
 is one ``[unknown]`` frame), so that ``go tool pprof -top`` shows the flat and
 cumulative figures of ``pgprobe hot``'s self and total columns. Labels
-(strings, left out when empty): ``pid``, ``backend_type``, ``application_name``.
+(strings, left out when empty): ``pid``, ``backend_type``, ``application_name``, and with
+``--by query`` or ``--query-id`` ``query_id`` (a statement's, as pg_stat_statements shows it).
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from pgprobe.discover import Backend, Targets
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.render import pprof
 from pgprobe.tools import profiling
+from pgprobe.tools.queries.records import STATEMENT
 
 SAMPLES = pprof.ValueType("samples", "count")
 CPU_NS = pprof.ValueType("cpu", "nanoseconds")
 READS = pprof.ValueType("reads", "count")
-SUFFIX = ".pb.gz"  # `-o cpu.pb.gz` means --format pprof
+SUFFIX = outfile.PPROF_SUFFIX  # `-o cpu.pb.gz` means --format pprof
+wants_pprof = outfile.wants_pprof
 
 
 def labels(
@@ -63,16 +66,16 @@ def cpu_profile(profile: profiling.Profile, duration_s: float | None = None) -> 
     period_ns = round(1e9 / profile.hz)
     postmaster = profile.targets.cluster.postmaster_pid
     # Stacks of distinct addresses in the same functions are one sample here.
-    counts: Counter[tuple[int, tuple[pprof.Frame, ...]]] = Counter()
+    counts: Counter[tuple[int, str, tuple[pprof.Frame, ...]]] = Counter()
     for s in profile.stacks:
         frames = s.frames or (profiling.UNKNOWN_FRAME,)
-        counts[s.pid, tuple(pprof.Frame(profiling.plain_name(f), f.module) for f in frames)] += (
-            s.count
-        )
+        named = tuple(pprof.Frame(profiling.plain_name(f), f.module) for f in frames)
+        counts[s.pid, _query_label(profile, s), named] += s.count
     samples = [
-        pprof.Sample(frames, (n, n * period_ns), labels(pid, profile.describe(pid), postmaster))
-        for (pid, frames), n in counts.items()
-    ]
+        pprof.Sample(frames, (n, n * period_ns),
+                     {**labels(pid, profile.describe(pid), postmaster), "query_id": query})
+        for (pid, query, frames), n in counts.items()
+    ]  # fmt: skip
     duration = profile.info.duration_seconds if duration_s is None else duration_s
     duration_ns = int(duration * 1e9)
     facts = profile.facts()
@@ -89,6 +92,14 @@ def cpu_profile(profile: profiling.Profile, duration_s: float | None = None) -> 
         comments=[f"pgprobe: {k}: {v}" for k, v in facts.items()],
         main_module=profile.server_module,
     )
+
+
+def _query_label(profile: profiling.Profile, stack: profiling.StackCount) -> str:
+    """The statement's id as a label (--by query), "" (left out) for any other part."""
+    part = profile.parts.get(stack.query) if stack.query is not None else None
+    if part is None or part.kind != STATEMENT or part.query_id is None:
+        return ""
+    return str(part.query_id)
 
 
 def frame_of(name: str, main: str) -> pprof.Frame:
@@ -147,11 +158,6 @@ def folded_profile(stacks: Mapping[tuple[str, ...], int]) -> pprof.Profile:
         for stack, n in stacks.items()
     ]
     return pprof.build(samples, (SAMPLES,), default_type=SAMPLES.type)
-
-
-def wants_pprof(output: str | None) -> bool:
-    """`-o cpu.pb.gz`: the file name asks for pprof."""
-    return bool(output) and str(output).endswith(SUFFIX)
 
 
 def write(path: str | None, profile: pprof.Profile) -> None:

@@ -24,7 +24,10 @@ This package turns those into:
 - ``--trace`` (syscalls): one line per read as it completes (time, pid, file,
   offset, bytes, latency), then the summary;
 - with the uprobe, one line on stderr with its fire count and estimated CPU
-  when that is over 1 % of a CPU.
+  when that is over 1 % of a CPU;
+- ``--by query`` / ``--query-id`` (statements.py): the scripts also read each
+  reading backend's statement (state and query id, pgprobe.tools.bystatement)
+  and the table is per statement and SLRU, or one statement's reads per backend.
 
 JSON (``--json``): rows per (pid, SLRU) (uprobe: ``pid``, ``backend_type``,
 ``application_name``, ``slru``, ``reads``) or per (pid, file) (syscalls: also
@@ -35,7 +38,8 @@ why), ``meta.open_errors`` the failed opens of SLRU files (syscalls),
 ``meta.uprobe_fires`` and ``meta.uprobe_cpu_s_estimate`` (uprobe),
 ``meta.stacks`` the stacks with --stacks. With ``--trace --json`` every read is
 first printed as a JSON line of its own (``"event": "read"``), the document
-comes last.
+comes last. With ``--by query``: rows per statement and SLRU (``kind``,
+``query_id``, ``query``, ``slru``, ``reads``, ``pids``).
 """
 
 from pgprobe.pgstats import SLRU_COLUMNS as STAT_COLUMNS

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgprobe import outfile
 from pgprobe.discover import Backend, Targets
 from pgprobe.engines import bpftrace, sigqueue
 from pgprobe.engines.base import Line, RunInfo, Snapshot
@@ -18,8 +17,8 @@ from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.literal import literal
 from pgprobe.pgstats import SlruStats
 from pgprobe.stacks import fold, write_folded
-from pgprobe.tools import aliases, common, pprof_export, profiling
-from pgprobe.tools.clog_reads import stacks, view
+from pgprobe.tools import aliases, bystatement, common, pprof_export, profiling
+from pgprobe.tools.clog_reads import stacks, statements, view
 from pgprobe.tools.clog_reads.probe import (
     MODE_AGGREGATE,
     MODE_STACKS,
@@ -45,7 +44,7 @@ from pgprobe.tools.clog_reads.records import (
     parse_trace_line,
     records,
 )
-from pgprobe.tools.clog_reads.stacks import DwarfStacks, StackNamer
+from pgprobe.tools.clog_reads.stacks import DwarfStacks, StackNamer, stacks_file
 
 NAME = "clog-reads"
 FORMATS = ("folded", "pprof")
@@ -111,6 +110,7 @@ def add_parser(sub: Any) -> None:
         help="print a fresh summary every N seconds until the duration ends",
     )
     profiling.add_unwind_argument(parser)
+    bystatement.add_arguments(parser, by=("pid",))
     parser.set_defaults(run=run)
 
 
@@ -132,10 +132,12 @@ class Session:
     folded: dict[str, int] = field(default_factory=dict)  # every snapshot's, for folded
     all_stacks: list[StackRow] = field(default_factory=list)  # every snapshot's, for pprof
     closing: dict[str, dict[str, Any]] | None = None  # pg_stat_slru when the probes stopped
+    texts: bystatement.Texts | None = None  # --by query or --query-id: the statements' texts
 
     def keep(self, pid: int) -> bool:
-        """Reads of the targets; never those of pgprobe's own session."""
-        if pid == self.stats.pid:
+        """Reads of the targets; never those of pgprobe's own sessions."""
+        own = (self.stats.pid, self.targets.cluster.own_pid, self.texts and self.texts.own_pid)
+        if pid in own:
             return False
         return self.targets.whole_cluster or pid in self.targets.pids
 
@@ -172,7 +174,12 @@ class Session:
         if snapshot.final and self.dwarf is not None:
             self._add_dwarf_stacks(snapshot)
         recs = [r for r in records(snapshot) if self.keep(r.pid)]
-        per_file = group_rows(recs, "file", self.describe)
+        shown, by_query = None, None
+        if self.texts is not None:
+            shown, by_query = statements.rows(self.texts, snapshot, self.ns, self.targets,
+                                              self.source == "syscalls", self.keep)  # fmt: skip
+        shown = recs if shown is None else shown
+        per_file = group_rows(shown, "file", self.describe)
         errors = open_errors(snapshot, self.keep)
         stacks = self.namer.rows(snapshot, self.keep) if self.namer is not None else None
         for row in stacks or ():
@@ -188,10 +195,14 @@ class Session:
             slru_mask=self.mask if self.mask is not None else slru_mask(self.slrus),
             mode="trace" if self.ns.trace else "stacks" if self.ns.stacks else "aggregate",
             source=self.source,
-            reads=sum(r.reads for r in recs),
+            reads=sum(r.reads for r in (by_query if by_query is not None else shown)),
         )
+        if self.texts is not None:
+            meta.update(by=self.ns.by or "pid", query_id=self.ns.query_id,
+                        query_ids_note=self.texts.note)  # fmt: skip
         if self.source == "syscalls":
-            meta["bytes"] = sum(r.bytes for r in recs)
+            if self.texts is None:  # (the statement's reads are counted, not sized)
+                meta["bytes"] = sum(r.bytes for r in recs)
         else:
             fires = snapshot.get("fires").get((), 0)
             assert isinstance(fires, int)
@@ -207,13 +218,15 @@ class Session:
             meta["stacks"] = [s.as_json() for s in stacks]
             meta["reads_without_stack"] = self.namer.unnamed_reads if self.namer else 0
         if self.ns.json:
-            common.print_json(NAME, meta, [r.as_json() for r in per_file])
+            rows = by_query if by_query is not None else per_file
+            common.print_json(NAME, meta, [r.as_json() for r in rows])
         else:
             if self.header_printed:
                 print()  # after the trace lines
             view.print_tables(
-                meta, recs, slru_delta, self.slrus, self.targets, self.stats, self.describe
-            )
+                meta, recs, slru_delta, self.slrus, self.targets, self.stats, self.describe,
+                shown, None if by_query is None or self.texts is None else (by_query, self.texts),
+            )  # fmt: skip
             if stacks is not None:
                 view.print_stacks(stacks, meta["reads"], meta.get("unwind", ""))
         view.print_open_errors(errors)
@@ -262,21 +275,6 @@ class Session:
             common.warn(f"{cut:,} read stacks stopped early ({'; '.join(reasons)})")
 
 
-def stacks_file(ns: argparse.Namespace) -> None:
-    """--format/-o: where the read stacks go (-o implies --stacks), checked before the
-    capture; ns.format is then the file's format, or None when there is no file."""
-    if ns.format and not ns.output:
-        raise PgprobeError(f"--format {ns.format} needs -o FILE (stdout holds the table)",
-                           EXIT_USAGE)  # fmt: skip
-    if not ns.output:
-        return
-    if ns.output == "-":
-        raise PgprobeError("-o -: stdout holds the table: give -o FILE", EXIT_USAGE)
-    ns.stacks = True
-    ns.format = ns.format or ("pprof" if pprof_export.wants_pprof(ns.output) else "folded")
-    outfile.check(ns.output, "-o")
-
-
 def run(ns: argparse.Namespace) -> int:
     common.check_interval(ns)
     stacks_file(ns)
@@ -285,7 +283,9 @@ def run(ns: argparse.Namespace) -> int:
     if ns.trace and ns.source == "uprobe":
         raise PgprobeError("--trace needs --source syscalls (the uprobe has no files, "
                            "offsets or latency)", EXIT_USAGE)  # fmt: skip
+    by_statement = statements.check(ns)
     targets = common.prepare(ns, check_server)
+    where = statements.where(ns, targets) if by_statement else list(bystatement.NO_READ)
     slrus = selected_slrus(ns.slru, targets.cluster.major if targets.cluster.version_num else 99)
     stats = SlruStats.open(targets.cluster)
     if stats.unavailable:
@@ -295,9 +295,10 @@ def run(ns: argparse.Namespace) -> int:
     mode = MODE_TRACE if ns.trace else MODE_STACKS if ns.stacks else MODE_AGGREGATE
     session.source, order = choose_source(ns, targets, mode)
     try:
+        session.texts = statements.start_texts(ns, targets) if by_statement else None
         capture: Any
         if session.source == "syscalls":
-            capture = start(ns, targets, slrus, mode, ns.interval, signal_window=True)
+            capture = start(ns, targets, slrus, mode, ns.interval, True, where)
         else:
             assert order is not None
             session.mask = index_mask(order, slrus)
@@ -305,7 +306,7 @@ def run(ns: argparse.Namespace) -> int:
                 indexes = [i for i in range(len(order)) if session.mask >> i & 1]
                 session.dwarf = stacks.start_dwarf(targets, session.namer, indexes)
                 mode = MODE_AGGREGATE  # bpftrace counts, perf takes the stacks
-            capture = start_uprobe(ns, targets, slrus, order, mode, ns.interval, True)
+            capture = start_uprobe(ns, targets, slrus, order, mode, ns.interval, True, where)
         final = _run_capture(session, capture)
         if final is None:
             raise common.nothing_kept(capture.info)
@@ -316,6 +317,8 @@ def run(ns: argparse.Namespace) -> int:
         session.emit(snapshot, info, session.closing or stats.delta())
     finally:
         stats.close()
+        if session.texts is not None:
+            session.texts.stop()  # (finish() stopped it unless the capture failed)
         if session.dwarf is not None and session.dwarf.thread.is_alive():
             session.dwarf.finish()
     return 0

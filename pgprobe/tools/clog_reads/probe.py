@@ -34,7 +34,7 @@ from pgprobe.engines.base import (
 )
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.symbolize.dynsym import defined_symbol
-from pgprobe.tools import common
+from pgprobe.tools import bystatement, common
 
 SCRIPT = "clog_reads"  # bpf/clog_reads.bt, d/clog_reads.d
 UPROBE_SCRIPT = "clog_reads_uprobe"  # bpf/clog_reads_uprobe.bt (counts only)
@@ -74,6 +74,7 @@ MAPS = (
     MapSpec("read_ns", KEY),
     MapSpec("open_errors", KEY),
     MapSpec("read_stacks", ("int", "stack")),
+    MapSpec("qreads", ("int", "str", "int", "int")),  # pid, file, st_state, st_query_id
 )
 MODE_AGGREGATE, MODE_STACKS, MODE_TRACE = 0, 1, 2
 # The uprobe script's maps: reads per (pid, SLRU index); UprobeCapture turns the
@@ -82,6 +83,7 @@ UPROBE_MAPS = (
     MapSpec("reads", ("int", "int")),
     MapSpec("read_stacks", ("int", "int", "stack")),  # pid, return address at sp, ustack
     MapSpec("fires", ()),
+    MapSpec("qreads", ("int", "int", "int", "int")),  # pid, SLRU index, st_state, st_query_id
 )
 # CPU per uprobe fire (the trap), measured on the development VM with
 # bench/probe_cost.py (docs/clog-reads.md): for the one-line cost estimate.
@@ -168,7 +170,8 @@ def index_mask(order: Sequence[str], slrus: Iterable[str]) -> int:
 
 
 def uprobe_args(targets: Targets, mask: int, interval: int | None) -> list[int | Path]:
-    """$1 binary, $2 postmaster, $3 index mask, $4 single pid, $5 interval."""
+    """$1 binary, $2 postmaster, $3 index mask, $4 single pid, $5 interval (then
+    $6 STOPPER_PID, $7-$9 where the statement is read: see with_statement)."""
     single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
     cluster = targets.cluster
     return [Path(cluster.binary), cluster.postmaster_pid, mask, single, interval or 0]
@@ -229,6 +232,11 @@ class UprobeCapture:
                     assert isinstance(index, int)
                     named[(pid, self.name(index))] = value
                 event.maps["reads"] = named
+                by_statement: dict[Key, AggValue] = {}
+                for (pid, index, state, qid), value in event.get("qreads").items():
+                    assert isinstance(index, int)
+                    by_statement[(pid, self.name(index), state, qid)] = value
+                event.maps["qreads"] = by_statement
                 stacks: dict[Key, AggValue] = {}
                 for (pid, caller, stack), value in event.get("read_stacks").items():
                     assert isinstance(caller, int) and isinstance(stack, tuple)
@@ -238,6 +246,16 @@ class UprobeCapture:
                     stacks[key] = old + value
                 event.maps["read_stacks"] = stacks
             yield event
+
+
+def with_statement(
+    args: list[int | Path], stopper: int, statement: Sequence[int]
+) -> list[int | Path]:
+    """The scripts' trailing parameters: $6 STOPPER_PID, and $7-$9 ENTRY STATE_OFF QID_OFF
+    only when the statement is read (else the parameters stay as before it existed)."""
+    if not any(statement):
+        return [*args, stopper] if stopper else args
+    return [*args, stopper, *statement]
 
 
 def script_args(targets: Targets, mask: int, mode: int, interval: int | None) -> list[int | Path]:
@@ -282,6 +300,7 @@ def start(
     mode: int,
     interval: int | None,
     signal_window: bool = False,
+    statement: Sequence[int] = bystatement.NO_READ,
 ) -> Capture:
     """clog_reads for the targets and SLRUs, ready to run (iterate its events).
 
@@ -289,21 +308,25 @@ def start(
     records() the same shape. signal_window: reads count from pgprobe's signal 0
     to its SIGINT (see below); the caller must then send that signal 0 after its
     opening pg_stat_slru read, as the clog-reads command does. Without it
-    (triage, serve) reads count from "@@live" to END.
+    (triage, serve) reads count from "@@live" to END. statement: bystatement.Where's
+    args, where the scripts read each reading backend's statement into @qreads
+    (NO_READ: not read).
     """
     source, order = choose_source(ns, targets, mode)
     if source == "uprobe":
         assert order is not None
-        return start_uprobe(ns, targets, slrus, order, mode, interval, signal_window)
+        return start_uprobe(ns, targets, slrus, order, mode, interval, signal_window, statement)
     # The longest SLRU path as opened is 36 characters.
     env = {"BPFTRACE_STRLEN": "40", **map_env(mode)}
     args = script_args(targets, slru_mask(slrus), mode, interval)
     if not signal_window or engines.choose(getattr(ns, "engine", "auto")) == "dtrace":
-        return common.capture(ns, SCRIPT, args, MAPS, env=env)
+        # (clog-reads refuses the statement with DTrace: d/clog_reads.d does not read it)
+        return common.capture(ns, SCRIPT, with_statement(args, 0, statement), MAPS, env=env)
     # $6: pgprobe's pid. clog_reads.bt counts from this process's signal 0 to its
     # SIGINT (bpftrace 0.17 stops its syscall tracepoints on SIGINT, a second or more
     # before END under load), so the SQL reads are taken just before each signal.
-    capture = common.capture(ns, SCRIPT, [*args, os.getpid()], MAPS, env=env)
+    args = with_statement(args, os.getpid(), statement)
+    capture = common.capture(ns, SCRIPT, args, MAPS, env=env)
     if isinstance(capture, bpftrace.BpftraceCapture):
         capture.process.stops_on_signal = True
     return capture
@@ -317,13 +340,13 @@ def start_uprobe(
     mode: int,
     interval: int | None,
     signal_window: bool = False,
+    statement: Sequence[int] = bystatement.NO_READ,
 ) -> UprobeCapture:
     """bpf/clog_reads_uprobe.bt (MODE_STACKS: its _stacks twin, frame-pointer stacks),
-    same window rules."""
+    same window and statement rules."""
     script = UPROBE_STACKS_SCRIPT if mode == MODE_STACKS else UPROBE_SCRIPT
     args = uprobe_args(targets, index_mask(order, slrus), interval)
-    if signal_window:
-        args.append(os.getpid())
+    args = with_statement(args, os.getpid() if signal_window else 0, statement)
     capture = common.capture(ns, script, args, UPROBE_MAPS, env=map_env(mode))
     if signal_window and isinstance(capture, bpftrace.BpftraceCapture):
         capture.process.stops_on_signal = True

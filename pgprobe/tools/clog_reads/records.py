@@ -4,6 +4,8 @@ A record is what the kernel aggregated for one (pid, file as opened) with the
 syscall source, or for one (pid, SLRU) with the uprobe source (``timed`` False:
 no file, bytes or latency); a row is what is shown: the reads of one group of
 files, per (pid, file) for JSON, per (pid, SLRU) or per SLRU for the tables.
+With --by query or --query-id the scripts also count the reads by the statement
+each backend ran (QueryRead), shown per statement and SLRU (StatementRow).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pgprobe import histogram
 from pgprobe.discover import Backend
 from pgprobe.engines.base import Log2Hist, Snapshot, Stats
 from pgprobe.stacks import fold
+from pgprobe.tools.bystatement import Part, part
 from pgprobe.tools.clog_reads.probe import MAPS, UPROBE_MAPS
+from pgprobe.tools.queries.records import IDLE_IN_XACT, STATEMENT
 
 
 def slru_of(file: str) -> str:
@@ -63,6 +67,80 @@ def records(snapshot: Snapshot) -> list[ReadRecord]:
         assert isinstance(hist, Log2Hist)
         out.append(ReadRecord(pid, file, value.count, value.total, got_bytes, max_ns, hist))
     return out
+
+
+@dataclass(frozen=True)
+class QueryRead:
+    """Reads of one pid and SLRU under one (st_state, st_query_id) that the probe read."""
+
+    pid: int
+    slru: str
+    state: int
+    query_id: int
+    reads: int
+
+
+def query_reads(snapshot: Snapshot, files: bool) -> list[QueryRead]:
+    """The "qreads" map; files: keyed by the file as opened (the syscall source), else by
+    the SLRU's directory (the uprobe's, as UprobeCapture names it)."""
+    out = []
+    for key, value in snapshot.get("qreads").items():
+        pid, where, state, qid = key
+        assert isinstance(pid, int) and isinstance(where, str) and isinstance(value, int)
+        assert isinstance(state, int) and isinstance(qid, int)
+        out.append(QueryRead(pid, slru_of(where) if files else where, state, qid, value))
+    return out
+
+
+@dataclass
+class StatementRow:
+    """--by query: the reads of one SLRU under one statement (or idle in transaction after
+    one, or outside any), ranked by reads."""
+
+    part: Part
+    slru: str
+    reads: int = 0
+    pids: set[int] = field(default_factory=set)
+    query: str | None = None  # the statement's text, when read
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.part.kind, "query_id": self.part.query_id, "query": self.query,
+                "slru": self.slru, "reads": self.reads, "pids": sorted(self.pids)}  # fmt: skip
+
+
+def statement_rows(
+    reads: Sequence[QueryRead], major: int, query_id: int | None = None
+) -> list[StatementRow]:
+    """Rows per (part, SLRU), most reads first; query_id: only that statement's parts."""
+    rows: dict[tuple[Part, str], StatementRow] = {}
+    for r in reads:
+        p = part(major, r.state, r.query_id)
+        if query_id is not None and p.query_id != query_id:
+            continue
+        row = rows.setdefault((p, r.slru), StatementRow(p, r.slru))
+        row.reads += r.reads
+        row.pids.add(r.pid)
+    return sorted(
+        rows.values(), key=lambda r: (-r.reads, r.part.kind, r.part.query_id or 0, r.slru)
+    )
+
+
+def add_texts(rows: Sequence[StatementRow], texts: dict[int, str]) -> None:
+    """Each statement's text (pg_stat_statements', else pg_stat_activity's), when known."""
+    for row in rows:
+        if row.part.kind in (STATEMENT, IDLE_IN_XACT) and row.part.query_id is not None:
+            row.query = texts.get(row.part.query_id)
+
+
+def statement_records(reads: Sequence[QueryRead], major: int, query_id: int) -> list[ReadRecord]:
+    """--query-id without --by query: that statement's reads per (pid, SLRU), as records of
+    the uprobe's shape (counts only: the statement is not read with bytes or latency)."""
+    per: dict[tuple[int, str], int] = defaultdict(int)
+    for r in reads:
+        if part(major, r.state, r.query_id).query_id == query_id:
+            per[(r.pid, r.slru)] += r.reads
+    return [ReadRecord(pid, slru, n, 0, 0, 0, Log2Hist(()), timed=False)
+            for (pid, slru), n in per.items()]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pgprobe import outfile
 from pgprobe.discover import Backend, Targets
 from pgprobe.engines.base import NamedStack, Snapshot
 from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
@@ -192,3 +193,18 @@ def start_dwarf(targets: Targets, namer: StackNamer, indexes: list[int]) -> Dwar
     if dwarf.error:
         raise PgprobeError(f"--unwind dwarf: {dwarf.error}", EXIT_TRACER)
     return dwarf
+
+
+def stacks_file(ns: argparse.Namespace) -> None:
+    """--format/-o: where the read stacks go (-o implies --stacks), checked before the
+    capture; ns.format is then the file's format, or None when there is no file."""
+    if ns.format and not ns.output:
+        raise PgprobeError(f"--format {ns.format} needs -o FILE (stdout holds the table)",
+                           EXIT_USAGE)  # fmt: skip
+    if not ns.output:
+        return
+    if ns.output == "-":
+        raise PgprobeError("-o -: stdout holds the table: give -o FILE", EXIT_USAGE)
+    ns.stacks = True
+    ns.format = ns.format or ("pprof" if outfile.wants_pprof(ns.output) else "folded")
+    outfile.check(ns.output, "-o")

@@ -1,10 +1,12 @@
-"""How clog-reads is shown on a terminal: the tables per backend and per SLRU, notes, stacks.
+"""How clog-reads is shown on a terminal: the tables per backend (or per statement) and per
+SLRU, notes, stacks.
 
 Every function handles an empty capture (a table says why it is empty).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,14 +15,17 @@ from pgprobe.literal import literal
 from pgprobe.pgstats import SlruStats
 from pgprobe.render import table
 from pgprobe.tools import common
+from pgprobe.tools.bystatement import Texts
 from pgprobe.tools.clog_reads.probe import SLRU_BITS
 from pgprobe.tools.clog_reads.records import (
     OpenError,
     ReadRecord,
     ReadRow,
     StackRow,
+    StatementRow,
     group_rows,
 )
+from pgprobe.tools.queries.records import STATEMENT
 
 STACKS_SHOWN = 10
 FILES_SHOWN = 4
@@ -34,18 +39,34 @@ def print_tables(
     targets: Targets,
     stats: SlruStats,
     describe: Any,
+    shown: Sequence[ReadRecord] | None = None,
+    statements: tuple[Sequence[StatementRow], Texts] | None = None,
 ) -> None:
+    """The table per backend (of `shown`: --query-id's reads; default recs) or per statement,
+    then the totals of every read (recs) beside pg_stat_slru."""
     what = f"SLRU reads of {', '.join(slrus)}"
     if len(slrus) == len(SLRU_BITS) - 1:
         what = "SLRU reads of all SLRUs"
+    query_id = meta.get("query_id")
+    if statements is not None:
+        what += " by statement" if query_id is None else f" of statement {query_id}"
+    elif query_id is not None:
+        what += f" in statement {query_id}"
     title = common.title(what, meta)
     empty = (
         f"no reads of SLRU files in {meta['duration_s']:.1f} s "
         "(every lookup hit the SLRU buffers, or the targets did not look)"
     )
+    if query_id is not None:
+        empty = f"no reads of SLRU files by statement {query_id} in {meta['duration_s']:.1f} s"
     timed = meta.get("source") != "uprobe"
-    per_pid = group_rows(recs, "pid", describe)
-    table.render(title, columns(PID_COLUMNS, timed), [pid_cells(r) for r in per_pid], empty=empty)
+    if statements is not None:
+        print_statements(title, *statements, empty)
+    else:
+        shown = recs if shown is None else shown
+        per_pid = group_rows(shown, "pid", describe)
+        table.render(title, columns(PID_COLUMNS, timed and all(r.timed for r in shown)),
+                     [pid_cells(r) for r in per_pid], empty=empty)  # fmt: skip
     totals = group_rows(recs, "slru")
     rows = totals_cells(totals, slru_delta, slrus)
     if not rows and slru_delta is None:
@@ -89,6 +110,37 @@ TOTAL_COLUMNS = [
 
 
 UNTIMED = {"bytes", "avg_us", "p99_us", "max_us", "files"}  # syscall source only
+STATEMENT_COLUMNS = [
+    table.Column("query_id", "QUERYID", numeric=True),
+    table.Column("slru", "SLRU"),
+    table.Column("reads", "READS", numeric=True),
+    table.Column("backends", "BACKENDS", numeric=True),
+    table.Column("query", "QUERY"),
+]
+FIXED_WIDTH = 60  # the columns before QUERY, roughly: the text gets the rest
+
+
+def print_statements(title: str, rows: Sequence[StatementRow], texts: Texts, empty: str) -> None:
+    """--by query: one row per statement and SLRU, its text cut to the terminal's width."""
+    width = max(shutil.get_terminal_size((160, 24)).columns - FIXED_WIDTH, 30)
+    table.render(title, STATEMENT_COLUMNS, [statement_cells(r, texts, width) for r in rows],
+                 empty=empty)  # fmt: skip
+
+
+def statement_cells(row: StatementRow, texts: Texts, width: int) -> dict[str, str]:
+    p = row.part
+    if p.kind == STATEMENT:
+        query = (row.query or "(text not seen)") if texts.read else ""
+    else:
+        query = texts.name(p)  # idle in transaction after ..., (outside statements), ...
+    flat = " ".join(query.split())
+    return {
+        "query_id": "" if p.query_id is None else str(p.query_id),
+        "slru": row.slru,
+        "reads": f"{row.reads:,}",
+        "backends": str(len(row.pids)),
+        "query": flat if len(flat) <= width else flat[: width - 1] + "…",
+    }
 
 
 def columns(all_columns: list[table.Column], timed: bool) -> list[table.Column]:

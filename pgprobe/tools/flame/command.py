@@ -15,7 +15,7 @@ from typing import Any
 
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.render import flamegraph
-from pgprobe.tools import aliases, common, pprof_export, profiling
+from pgprobe.tools import aliases, bystatement, common, pprof_export, profiling
 from pgprobe.tools.flame.output import check_output, write
 from pgprobe.tools.flame.records import json_rows
 from pgprobe.tools.flame.view import NAME, render_folded_file, render_profile
@@ -48,10 +48,12 @@ def add_parser(sub: Any) -> None:
                       const="folded")  # fmt: skip
     out.add_argument(
         "--by",
-        choices=["pid"],
-        help="pid: root each stack at a frame naming its backend (pid, type, application)",
+        choices=["pid", "query"],
+        help="pid: root each stack at a frame naming its backend (pid, type, application); "
+        "query: at a frame naming the statement it ran (query id and text; PostgreSQL 14+)",
     )
     aliases.add_alias(out, "--per-backend", dest="by", action="store_const", const="pid")
+    bystatement.add_filters(out)
     out.add_argument("--title", help="the flame graph's title")
     out.add_argument(
         "--minwidth",
@@ -90,6 +92,8 @@ def check_from(ns: argparse.Namespace) -> None:
         "--application": ns.application,
         "--kernel": ns.kernel,
         "--by": ns.by,
+        "--query-id": ns.query_id is not None,
+        "--no-text": ns.no_text,
         "--json": ns.json,
     }
     given = [name for name, value in tracing_only.items() if value]
@@ -106,7 +110,7 @@ def run(ns: argparse.Namespace) -> int:
     check_output(ns, fmt)
     profile = profiling.collect(ns, names_at_end=ns.by == "pid" or ns.json)
     if ns.json:
-        common.print_json(NAME, profile.meta(), json_rows(profile))
+        common.print_json(NAME, profile.meta(), json_rows(profile, by_query=ns.by == "query"))
     elif fmt == "pprof":
         pprof_export.write(ns.output, pprof_export.cpu_profile(profile))
     else:

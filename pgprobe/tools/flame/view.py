@@ -32,13 +32,17 @@ def render_profile(ns: argparse.Namespace, fmt: str, profile: profiling.Profile)
                 profile.backend_frame(pid): stacks
                 for pid, stacks in sorted(profile.folded_by_pid().items())
             }
+        elif ns.by == "query":
+            profiles = profile.folded_by_part()
         else:
             profiles = {ns.title or default_title(profile): profile.folded()}
         return flamegraph.render_speedscope(profiles, name=ns.title or NAME, hz=profile.hz)
-    folded = profile.folded(per_backend=ns.by == "pid")
+    folded = profile.folded(per_backend=ns.by == "pid", per_query=ns.by == "query")
     if fmt == "folded":
         return flamegraph.folded_file(format_folded(folded))
     roots = {profile.backend_frame(pid) for pid in profile.pids} if ns.by == "pid" else set()
+    if ns.by == "query":
+        roots = {profile.part_frame(s) for s in profile.stacks}
     return flamegraph.render_svg(
         folded,
         title=ns.title or default_title(profile),

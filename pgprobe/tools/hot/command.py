@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pgprobe.tools import common, profiling
-from pgprobe.tools.hot.records import NAME, hot_rows
-from pgprobe.tools.hot.view import show
+from pgprobe.tools import bystatement, common, profiling
+from pgprobe.tools.hot.records import NAME, PartRows, hot_rows, part_rows
+from pgprobe.tools.hot.view import show, show_parts
 
 DEFAULT_TOP = 25
+MAX_PARTS = 20  # statements shown with --by query (the rest said in one line)
 
 
 top_value = common.bounded(int, 0)  # 0: all rows
@@ -37,11 +38,14 @@ def add_parser(sub: Any) -> None:
         default="self",
         help="rank by self samples (default) or by total samples",
     )
+    bystatement.add_arguments(parser, by=())
     parser.set_defaults(run=run)
 
 
 def run(ns: argparse.Namespace) -> int:
     profile = profiling.collect(ns)
+    if ns.by == "query":
+        return run_by_query(ns, profile)
     rows = hot_rows(profile.stacks, by_module=ns.lib, sort=ns.sort)
     shown = rows[: ns.top] if ns.top else rows
     meta = profile.meta(group="module" if ns.lib else "function", sort=ns.sort, top=ns.top)
@@ -51,3 +55,30 @@ def run(ns: argparse.Namespace) -> int:
         show(profile, meta, rows, shown, by_module=ns.lib, sort=ns.sort)
     profiling.print_warnings(profile)
     return 0
+
+
+def run_by_query(ns: argparse.Namespace, profile: profiling.Profile) -> int:
+    """--by query: each statement's functions, the statement with most samples first."""
+    parts = part_rows(profile, by_module=ns.lib, sort=ns.sort)
+    meta = profile.meta(group="module" if ns.lib else "function", sort=ns.sort, top=ns.top,
+                        by="query", statements=len(parts))  # fmt: skip
+    shown = parts[:MAX_PARTS]
+    if ns.json:
+        common.print_json(NAME, meta, [row for p in shown for row in part_json(p, ns.top)])
+    else:
+        show_parts(profile, meta, shown, top=ns.top, by_module=ns.lib, sort=ns.sort)
+    if len(parts) > len(shown):
+        rest = parts[len(shown) :]
+        common.warn(
+            f"{len(rest)} statements with fewer samples left out "
+            f"({sum(p.samples for p in rest):,} samples): --query-id ID shows one"
+        )
+    profiling.print_warnings(profile)
+    return 0
+
+
+def part_json(part: PartRows, top: int) -> list[dict[str, Any]]:
+    rows = part.rows[:top] if top else part.rows
+    head = {"kind": part.kind, "query_id": part.query_id, "statement": part.name,
+            "statement_samples": part.samples}  # fmt: skip
+    return [{**head, **r.as_json()} for r in rows]

@@ -72,3 +72,37 @@ def hot_rows(
 
     rows.sort(key=order)
     return rows
+
+
+@dataclass(frozen=True)
+class PartRows:
+    """--by query: one statement's (or other part's) samples and its functions."""
+
+    key: tuple[int, int]  # (state, id) as the probe read it
+    kind: str
+    query_id: int | None
+    name: str  # 'query 123: UPDATE ...'
+    samples: int
+    rows: list[HotRow]
+
+
+def part_rows(profile: profiling.Profile, by_module: bool, sort: str) -> list[PartRows]:
+    """hot_rows per part (statement), the part with most samples first."""
+    groups: dict[tuple[int, int], list[profiling.StackCount]] = {}
+    for s in profile.stacks:
+        groups.setdefault(s.query or (0, 0), []).append(s)
+    out = []
+    for key, stacks in groups.items():
+        part = profile.parts[key]
+        out.append(
+            PartRows(
+                key,
+                part.kind,
+                part.query_id,
+                profile.part_names.get(key, ""),
+                sum(s.count for s in stacks),
+                hot_rows(stacks, by_module, sort),
+            )
+        )
+    out.sort(key=lambda p: (-p.samples, p.name))
+    return out

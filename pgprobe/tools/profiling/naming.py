@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pgprobe.discover import Backend, Targets
 from pgprobe.engines.base import (
     AggValue,
-    Key,
     KeyValue,
     NamedStack,
     RunInfo,
@@ -48,11 +47,7 @@ def name_stacks(
     out: list[StackCount] = []
     truncated: dict[str, int] = {}
     lacks_fp = _module_lacks_fp(symbolizer)
-    raw: list[tuple[Key, AggValue]] = [
-        ((k[0], (), k[1]), v) for k, v in snapshot.get("stacks").items()
-    ]
-    raw += snapshot.get("kstacks").items()
-    for (pid, kstack, ustack), value in raw:
+    for (pid, kstack, ustack, query), value in _keys(snapshot):
         assert isinstance(pid, int) and isinstance(value, int)
         stored += value
         if pid == own or (wanted is not None and pid not in wanted):
@@ -78,7 +73,7 @@ def name_stacks(
                 unnamed_in_file[f.module] = unnamed_in_file.get(f.module, 0) + value
             if f.module == module:
                 server_named[f.resolved] += value
-        out.append(StackCount(pid, tuple(frames), value))
+        out.append(StackCount(pid, tuple(frames), value, query))
     taken = snapshot.get("samples").get((), 0)
     assert isinstance(taken, int)
     modules = symbolizer.stats.modules
@@ -109,6 +104,28 @@ def name_stacks(
         stripped_paths={m: modules[m].path for m in unnamed_in_file if m in modules},
         skipped_files=symbolizer.stats.skipped_files,
     )
+
+
+Query = tuple[int, int] | None
+
+
+def _keys(snapshot: Snapshot) -> list[tuple[tuple[KeyValue, KeyValue, KeyValue, Query], AggValue]]:
+    """Every map's keys as (pid, kernel stack, user stack, (state, query id) or None)."""
+    out: list[tuple[tuple[KeyValue, KeyValue, KeyValue, Query], AggValue]] = []
+    for k, v in snapshot.get("stacks").items():
+        out.append(((k[0], (), k[1], None), v))
+    for k, v in snapshot.get("kstacks").items():
+        out.append(((k[0], k[1], k[2], None), v))
+    for k, v in snapshot.get("qstacks").items():
+        out.append(((k[0], (), k[3], _query(k[1], k[2])), v))
+    for k, v in snapshot.get("qkstacks").items():
+        out.append(((k[0], k[3], k[4], _query(k[1], k[2])), v))
+    return out
+
+
+def _query(state: KeyValue, query_id: KeyValue) -> Query:
+    assert isinstance(state, int) and isinstance(query_id, int)
+    return (state, query_id)
 
 
 def _module_lacks_fp(symbolizer: Symbolizer) -> Callable[[str], bool]:

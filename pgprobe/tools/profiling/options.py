@@ -18,6 +18,9 @@ MAPS = (
     MapSpec("stacks", ("int", "stack")),
     MapSpec("kstacks", ("int", "stack", "stack")),
     MapSpec("samples", ()),
+    # with --by query / --query-id: the backend's st_state and st_query_id beside the pid
+    MapSpec("qstacks", ("int", "int", "int", "stack")),
+    MapSpec("qkstacks", ("int", "int", "int", "stack", "stack")),
 )
 # Distinct (pid, stack) keys the map may hold: at most one per sample, so
 # duration x Hz x CPUs (with headroom) loses nothing; bounded because bpftrace

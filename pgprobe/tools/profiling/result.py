@@ -17,6 +17,7 @@ from pgprobe.stacks import fold
 from pgprobe.symbolize import UNKNOWN, Frame, folded_names
 from pgprobe.symbolize.frames import skipped_warning
 from pgprobe.tools import common
+from pgprobe.tools.bystatement import Part
 from pgprobe.tools.profiling.options import UNRESOLVED_WARN_PCT
 
 UNKNOWN_FRAME = Frame(UNKNOWN, UNKNOWN, False)  # the leaf of an empty stack
@@ -33,6 +34,7 @@ class StackCount:
     pid: int
     frames: tuple[Frame, ...]  # innermost first: kernel frames, then user frames
     count: int
+    query: tuple[int, int] | None = None  # (st_state, st_query_id) at the samples, if read
 
 
 @dataclass
@@ -69,6 +71,9 @@ class Profile:
     stripped_paths: dict[str, str] = field(default_factory=dict)
     # Files refused as untrusted for names (a perf map that is a FIFO, ...): path -> why.
     skipped_files: dict[str, str] = field(default_factory=dict)
+    # --by query: each (state, id) key's part (profiling.statements), and its name.
+    parts: dict[tuple[int, int], Part] = field(default_factory=dict)
+    part_names: dict[tuple[int, int], str] = field(default_factory=dict)
 
     @property
     def truncated_samples(self) -> int:
@@ -122,16 +127,31 @@ class Profile:
         """The folded names of a stack's frames, innermost first."""
         return folded_names(stack.frames, main=self.server_module)
 
-    def folded(self, per_backend: bool = False) -> dict[str, int]:
+    def part_frame(self, stack: StackCount) -> str:
+        """The root frame of a statement's stacks: 'query 123: UPDATE ...' (--by query)."""
+        return self.part_names.get(stack.query or (0, 0), "(statement not read)")
+
+    def folded(self, per_backend: bool = False, per_query: bool = False) -> dict[str, int]:
         """FlameGraph folded stacks {"root;...;leaf": samples}."""
         out: dict[str, int] = {}
         for s in self.stacks:
             names = self.frame_names(s) or [UNKNOWN]  # no user stack (e.g. while exiting)
             if per_backend:
                 names.append(self.backend_frame(s.pid))
+            if per_query:
+                names.append(self.part_frame(s))
             key = fold(names)
             out[key] = out.get(key, 0) + s.count
         return out
+
+    def folded_by_part(self) -> dict[str, dict[str, int]]:
+        """Folded stacks per statement (--by query), the part with most samples first."""
+        out: dict[str, dict[str, int]] = {}
+        for s in self.stacks:
+            per = out.setdefault(self.part_frame(s), {})
+            key = fold(self.frame_names(s))
+            per[key] = per.get(key, 0) + s.count
+        return dict(sorted(out.items(), key=lambda kv: (-sum(kv[1].values()), kv[0])))
 
     def folded_by_pid(self) -> dict[int, dict[str, int]]:
         out: dict[int, dict[str, int]] = {}

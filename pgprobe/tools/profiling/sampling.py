@@ -20,7 +20,8 @@ from pgprobe.engines.base import (
 )
 from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.symbolize import Symbolizer
-from pgprobe.tools import common
+from pgprobe.tools import bystatement, common
+from pgprobe.tools.profiling import statements
 from pgprobe.tools.profiling.naming import name_stacks
 from pgprobe.tools.profiling.options import (
     MAPS,
@@ -46,10 +47,15 @@ def map_keys(duration: float, hz: int, cpus: int | None = None) -> int:
     return max(MIN_MAP_KEYS, min(MAX_MAP_KEYS, wanted))
 
 
-def script_args(targets: Targets, hz: int, kernel: bool) -> list[int | Path]:
-    """$1 HZ, $2 postmaster, $3 only this pid (0: all), $4 kernel stacks, $5 interval (0)."""
+def script_args(
+    targets: Targets, hz: int, kernel: bool, where: bystatement.Where | None = None
+) -> list[int | Path]:
+    """$1 HZ, $2 postmaster, $3 only this pid (0: all), $4 kernel stacks, $5 interval (0),
+    $6-$8 where the statement is read (bpftrace only: d/profile.d takes five, and DTrace
+    refuses a parameter a script does not use)."""
     single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
-    return [hz, targets.cluster.postmaster_pid, single, int(kernel), 0]
+    read = where.args() if where is not None else []
+    return [hz, targets.cluster.postmaster_pid, single, int(kernel), 0, *read]
 
 
 class ChildWatcher:
@@ -135,6 +141,7 @@ class ProfileRun:
     kernel: bool
     unwind: str = "fp"
     unwind_reason: str = ""
+    where: bystatement.Where | None = None  # --by query: where profile.bt reads statements
 
     def finish(self, snapshot: Snapshot, info: RunInfo, names_at_end: bool = False) -> Profile:
         # Said once, as samples_without_stack (see the module doc), instead of per sample.
@@ -181,7 +188,10 @@ def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
         watcher.pending.extend(targets.pids)
         watcher.find()
     timings.mark("maps-snapshots")
+    where = statements.where(ns, targets)
     mode, why = choose_unwind(ns, targets)
+    if where is not None:
+        mode, why = statements.unwind(mode, why)
     running: Capture
     perf = choose.perf_binary()
     if mode == "dwarf":
@@ -198,10 +208,11 @@ def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
             "BPFTRACE_NO_USER_SYMBOLS": "1",
             "BPFTRACE_MAP_KEYS_MAX": str(map_keys(ns.duration, ns.hz)),
         }
-        running = common.capture(ns, SCRIPT, script_args(targets, ns.hz, ns.kernel), MAPS, env=env)
+        args = script_args(targets, ns.hz, ns.kernel, where)
+        running = common.capture(ns, SCRIPT, args, MAPS, env=env)
     if watcher is not None:
         running = _Ticking(running, watcher.tick)
-    return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel, mode, why)
+    return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel, mode, why, where)
 
 
 def choose_unwind(ns: argparse.Namespace, targets: Targets) -> tuple[str, str]:
@@ -223,12 +234,21 @@ def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
     backends that came during it (for --per-backend).
     """
     run = start(ns, common.prepare(ns, check_server))
+    texts = bystatement.texts_for(run.targets, ns) if run.where is not None else None
     final: tuple[Snapshot, RunInfo] | None = None
-    for snapshot, info in common.snapshots(run.capture, ns, "CPU samples"):
-        final = (snapshot, info)
+    try:
+        if texts is not None:
+            texts.start()
+        for snapshot, info in common.snapshots(run.capture, ns, "CPU samples"):
+            final = (snapshot, info)
+    finally:
+        if texts is not None:
+            texts.stop()
     if final is None:
         raise common.nothing_kept(run.capture.info)
     profile = run.finish(*final, names_at_end=names_at_end)
+    if texts is not None:
+        statements.apply(profile, ns, texts)
     timings.mark("symbolized")
     return profile
 

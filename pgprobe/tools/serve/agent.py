@@ -38,6 +38,7 @@ from pgprobe.literal import literal
 from pgprobe.render import pprof
 from pgprobe.symbolize import Symbolizer
 from pgprobe.tools import common, pprof_export, profiling
+from pgprobe.tools.profiling import statements as profiling_statements
 from pgprobe.tools.serve import probe, records, recycle
 from pgprobe.tools.serve.records import Totals
 from pgprobe.tools.serve.timemodel import TimeModel
@@ -108,6 +109,7 @@ class CpuNamer:
             self.targets, info, snapshot, self.symbolizer, self.hz, kernel=False,
             backends=self.watcher.backends,
         )  # fmt: skip
+        profiling_statements.add_parts(profile)  # --statements: pprof's query_id label
         # Forgotten one window late: a process's last samples can fall in the window after
         # the one during which it exited (taken after that window's maps were printed).
         for pid in self.gone:
@@ -125,7 +127,7 @@ class Agent:
     def __init__(self, ns: argparse.Namespace) -> None:
         self.ns = ns
         self.window: int = ns.window
-        self.totals = Totals(cpu_hz=ns.hz)
+        self.totals = Totals(cpu_hz=ns.hz, statements_shown=getattr(ns, "statements", 0))
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         # The last window's CPU profile, its length and end; rendered as pprof when asked
@@ -202,6 +204,10 @@ class Agent:
                 self.totals.source(name).unavailable = why
         for name, why in missing.items():
             say(f"no {name} metrics from this server: {why}")
+        if self.totals.statements_shown and probe.WAITS not in missing:
+            why = probe.statements_unavailable(self.ns, targets)
+            if why:
+                say(f"no per-statement metrics (--statements) from this server: {why}")
         generation = threading.Event()
         threads = [
             threading.Thread(target=self.keep_running, args=(s, targets, generation), daemon=True)
@@ -262,7 +268,11 @@ class Agent:
         capture = source.start(self.ns, targets, self.window)
         namer = CpuNamer(targets, self.ns.hz) if source.name == probe.CPU else None
         model = (
-            TimeModel(targets, lwlock_sleeps=not self.lwlock_usdt)
+            TimeModel(
+                targets,
+                lwlock_sleeps=not self.lwlock_usdt,
+                statements=bool(getattr(self.ns, "statements", 0)),
+            )  # fmt: skip
             if source.name == probe.WAITS
             else None
         )
@@ -315,6 +325,9 @@ class Agent:
                 seen_lost, seen_failed = info.lost_events, info.failed_map_updates
                 self.fold(source.name, event, profile, targets)
                 records.add_time_model(self.totals, waits)
+                if model is not None and model.statements:
+                    records.add_statements(self.totals, model.statement_rows,
+                                           targets.cluster.major)  # fmt: skip
                 if model is not None and model.lwlock_sleeps:
                     records.add_lwlock_records(self.totals, model.lwlock_records)
                 for other in fed:  # the LWLock source, fed by this one's windows

@@ -27,6 +27,7 @@ MAX_WINDOW_S = 3600
 # cost is per context switch, about 2 % of a 2-CPU machine under pgbench -c 8 when it runs
 # all the time (docs/benchmarks.md), so an agent that never stops runs it a fifth of the time.
 DEFAULT_WAITS_DUTY = 0.2
+MAX_STATEMENTS = 500  # --statements: series per statement (x parts) stay bounded
 # For the tracers (children inherit it): glibc gives freed heap back at once and keeps one
 # malloc arena. bpftrace frees most of what compiling the script took (LLVM, BTF) but
 # glibc kept it: 6-9 MiB less anonymous memory per tracer (docs/benchmarks.md, soak).
@@ -133,6 +134,15 @@ def add_parser(sub: Any) -> None:
         "sleeps, at no cost of their own (sleeps, not waits; mode unknown); usdt the server's "
         "USDT probes, exact waits with their mode, at a cost per wait (--enable-dtrace "
         "builds; see docs/serve.md)",
+    )
+    parser.add_argument(
+        "--statements",
+        type=common.bounded(int, 0, MAX_STATEMENTS),
+        default=0,
+        metavar="N",
+        help="also the DB time of the N statements with the most (series per query id and "
+        f"part; 0, the default: none; at most {MAX_STATEMENTS}): the time model keyed by "
+        "statement, at its cost (docs/queries.md); PostgreSQL 14+, the compiled time model",
     )
     parser.add_argument(
         "--engine", choices=["auto", "bpftrace"], default="auto", help="tracer (bpftrace only)"

@@ -27,6 +27,16 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
   pgprobe_lwlock_wait_duration_seconds{tranche}        histogram of single waits (log2 buckets)
   pgprobe_slru_reads_total{slru}                       SLRU pages read from the files
   pgprobe_slru_read_seconds_total{slru}                time in those reads
+  pgprobe_statement_seconds_total{query_id,part}       with --statements N: DB time of the N
+                                                       statements with the most since the
+                                                       agent began (query_id as
+                                                       pg_stat_statements.queryid); part: cpu,
+                                                       runqueue or the wait_event_type waited
+                                                       in; the same time model as the wait
+                                                       metrics (and --waits-duty)
+  pgprobe_statements_seconds_total{kind,part}          the same for all: kind statement, idle
+                                                       in transaction, no query id, outside
+                                                       statements
   pgprobe_cpu_samples_total{backend_type}              on-CPU samples of the cluster's processes
                                                        ("unknown": came and went between two
                                                        looks at /proc, 5 s apart)
@@ -82,7 +92,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from pgprobe.tools.serve.records import HIST_MAX_POW, HIST_MIN_POW, Totals
+from pgprobe.tools.serve.records import HIST_MAX_POW, HIST_MIN_POW, Totals, top_statements
 
 
 def histogram_buckets(counts: dict[int, int]) -> list[tuple[str, float]]:
@@ -117,6 +127,7 @@ class TotalsCollector(Collector):
     def families(self) -> Iterator[Metric]:
         totals, extra = self.snapshot()
         yield from time_model_families(totals)
+        yield from statement_families(totals)
         yield from lwlock_families(totals)
         yield from slru_families(totals)
         yield from cpu_families(totals)
@@ -160,6 +171,23 @@ def time_model_families(totals: Totals) -> Iterator[Metric]:
         for btype, ns in sorted(counts.items()):
             family.add_metric([btype], ns / 1e9)
         yield family
+
+
+def statement_families(totals: Totals) -> Iterator[Metric]:
+    """--statements N: the top N statements' series (none without it)."""
+    if not totals.statements_shown:
+        return
+    top = CounterMetricFamily("pgprobe_statement_seconds", "DB time of a statement, by part",
+                              labels=["query_id", "part"])  # fmt: skip
+    for qid, parts in top_statements(totals):
+        for part, ns in sorted(parts.items()):
+            top.add_metric([str(qid), part], ns / 1e9)
+    every = CounterMetricFamily("pgprobe_statements_seconds",
+                                "DB time of every statement, by kind and part",
+                                labels=["kind", "part"])  # fmt: skip
+    for (kind, part), ns in sorted(totals.statement_kind_ns.items()):
+        every.add_metric([kind, part], ns / 1e9)
+    yield from (top, every)
 
 
 def lwlock_families(totals: Totals) -> Iterator[Metric]:

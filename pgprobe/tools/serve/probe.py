@@ -30,6 +30,7 @@ families in metrics.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +38,12 @@ from dataclasses import dataclass
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture
 from pgprobe.errors import PgprobeError
-from pgprobe.tools import clog_reads, common, lwlocks, profiling
+from pgprobe.tools import bystatement, clog_reads, common, lwlocks, profiling
 from pgprobe.tools.serve import recycle
+from pgprobe.tools.waits import compiled as waits_compiled
 from pgprobe.tools.waits import probe as waits_probe
-from pgprobe.waitevents import address
+from pgprobe.tools.waits import querydim
+from pgprobe.waitevents import address, statement
 
 LWLOCK, SLRU, CPU, WAITS = "lwlock", "slru", "cpu", "waits"
 # waits.bt's maps hold (process, wait event) pairs of up to RECYCLE_AFTER_EXITED exited
@@ -76,7 +79,11 @@ def _cpu(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
         "BPFTRACE_NO_USER_SYMBOLS": "1",
         "BPFTRACE_MAP_KEYS_MAX": str(profiling.map_keys(window, ns.hz)),
     }
-    args = profiling.script_args(targets, ns.hz, kernel=False)
+    where = None
+    if getattr(ns, "statements", 0):  # each sample's statement, for pprof's query_id label
+        with contextlib.suppress(PgprobeError):
+            where = bystatement.where(targets)
+    args = profiling.script_args(targets, ns.hz, kernel=False, where=where)
     args[4] = window
     return common.capture(ns, profiling.SCRIPT, args, profiling.MAPS, env=env)
 
@@ -102,7 +109,31 @@ def _waits(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
     where = address.find(cluster.postmaster_pid, cluster.binary)
     args = waits_probe.script_args(targets, where, window)
     env = {**waits_probe.ENV, "BPFTRACE_MAP_KEYS_MAX": str(waits_map_keys())}
-    return waits_probe.capture(ns, args, env, duty=getattr(ns, "waits_duty", 1.0))
+    query = statements_dimension(ns, targets, where)
+    return waits_probe.capture(ns, args, env, duty=getattr(ns, "waits_duty", 1.0), query=query)
+
+
+def statements_dimension(
+    ns: argparse.Namespace, targets: Targets, where: address.WaitEventAddress
+) -> querydim.Dimension | None:
+    """--statements N: the time model keyed by query id too (the compiled object only; the
+    agent said at start when it cannot, statements_unavailable)."""
+    if not getattr(ns, "statements", 0) or statements_unavailable(ns, targets):
+        return None
+    found = statement.address_of(where, targets.cluster.major)
+    return querydim.Dimension(found, text_hash=False) if found is not None else None
+
+
+def statements_unavailable(ns: argparse.Namespace, targets: Targets) -> str:
+    """Why --statements cannot be fed here ("" when it can)."""
+    why = waits_compiled.why_not(ns)
+    if why is not None:
+        return f"the compiled time model: {why or 'not with --engine bpftrace'}"
+    cluster = targets.cluster
+    if statement.address_of(address.find(cluster.postmaster_pid, cluster.binary),
+                            cluster.major) is None:  # fmt: skip
+        return f"{cluster.binary} has no MyBEEntry, or PostgreSQL {cluster.major} has no query ids"
+    return ""
 
 
 SOURCES = (

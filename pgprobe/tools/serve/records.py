@@ -21,8 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgprobe import waitevents
 from pgprobe.engines.base import Log2Hist, Snapshot
 from pgprobe.tools import clog_reads, lwlocks
+from pgprobe.tools.queries import records as queries_records
 from pgprobe.tools.serve.fold import Folder
 from pgprobe.tools.waits import records as waits_records
 
@@ -81,6 +83,11 @@ class Totals:
     # Wait event and tranche label values, unknown codes folded: the label sets stay bounded
     # whatever a backend publishes (fold.py).
     names: Folder = field(default_factory=Folder)
+    # --statements N: seconds per query id and part (cpu, runqueue, a wait_event_type), for
+    # at most STATEMENTS_TRACKED ids (the smallest forgotten), and per row kind for all.
+    statement_ns: dict[int, Counter[str]] = field(default_factory=dict)
+    statement_kind_ns: Counter[tuple[str, str]] = field(default_factory=Counter)
+    statements_shown: int = 0  # N: the top N ids by DB time are series
 
     def source(self, name: str) -> SourceState:
         return self.sources.setdefault(name, SourceState())
@@ -156,3 +163,39 @@ def grow(
         totals.owed_ns[owed_key] = -ns
     elif ns:
         counter[key] += ns
+
+
+STATEMENTS_TRACKED = 5000  # ids whose totals the agent keeps (memory bounded)
+
+
+def add_statements(
+    totals: Totals, rows: Iterable[queries_records.StatementTime], major: int
+) -> None:
+    """One window's time per statement (queries' rows): per query id, per part, and per row
+    kind (statement, idle in transaction, no query id, outside statements) for all."""
+    for row in rows:
+        parts: Counter[str] = Counter()
+        parts["cpu"] += row.cpu_ns
+        parts["runqueue"] += row.preempted_ns + row.woken_ns
+        for wei, ns in row.wait_ns.items():
+            wait_type = totals.names.event(*waitevents.name(major, wei))[0]
+            parts[wait_type] += ns
+        for part, ns in parts.items():
+            if ns > 0:
+                totals.statement_kind_ns[row.kind, part] += ns
+        if row.kind != queries_records.STATEMENT or row.query_id is None:
+            continue
+        mine = totals.statement_ns.setdefault(row.query_id, Counter())
+        for part, ns in parts.items():
+            if ns > 0:
+                mine[part] += ns
+    if len(totals.statement_ns) > STATEMENTS_TRACKED:
+        ranked = sorted(totals.statement_ns, key=lambda q: -sum(totals.statement_ns[q].values()))
+        for qid in ranked[STATEMENTS_TRACKED:]:
+            del totals.statement_ns[qid]
+
+
+def top_statements(totals: Totals) -> list[tuple[int, Counter[str]]]:
+    """The statements_shown ids with the most DB time, most first."""
+    ranked = sorted(totals.statement_ns.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    return ranked[: totals.statements_shown]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Snapshot
 from pgprobe.tools import lwlocks
+from pgprobe.tools.queries import records as queries_records
 from pgprobe.tools.waits import records as waits_records
 from pgprobe.tools.waits import targets as waits_targets
 
@@ -34,6 +35,8 @@ class TimeModel:
     lwlock_sleeps: bool = False  # also the LWLock sleeps of each window (lwlock_records)
     lwlock_records: list[lwlocks.WaitRecord] = field(default_factory=list)
     discovered: dict[int, int] = field(default_factory=dict)  # targets.identities at start
+    statements: bool = False  # also each window's time per statement (--statements)
+    statement_rows: list[queries_records.StatementTime] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.discovered = waits_targets.identities(self.targets.pids)
@@ -65,6 +68,14 @@ class TimeModel:
         if self.lwlock_sleeps:
             recs = lwlocks.sleep_records(snapshot, major, clipped=True, previous=previous)
             self.lwlock_records = recs
+        if self.statements:
+            # the object counts the cluster's processes only: all but the postmaster
+            # (no statement; its main loop is idle) and the agent's own session
+            charged = queries_records.charges(snapshot, previous)
+            skip = {self.targets.cluster.postmaster_pid, self.targets.cluster.own_pid}
+            self.statement_rows = queries_records.statements(
+                major, charged, lambda pid: pid not in skip
+            )
         out = waits_records.rows(procs, major, by_pid=True, describe=self.describe)
         seen = {p.pid for p in procs}
         self.types = {pid: t for pid, t in self.types.items() if pid in seen}
