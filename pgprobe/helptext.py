@@ -30,7 +30,7 @@ _EXAMPLES: dict[str, list[Example]] = {
         ("sudo pgprobe lwlocks -U postgres -d 30 --by pid", "... and which backends wait"),
         ("sudo pgprobe lwlocks -U postgres -d 60 --interval 5", "a fresh table every 5 s"),
         ("sudo pgprobe lwlocks -U postgres --source sched", "LWLock sleeps, on any 14+ build"),
-        ("sudo pgprobe lwlocks -U postgres --json > lwlocks.json", "the same, as JSON"),
+        ("sudo pgprobe lwlocks -U postgres --by query", "... and in which statements"),
     ],
     "clog-reads": [
         ("sudo pgprobe clog-reads -U postgres", "which backends read pg_xact pages from disk"),

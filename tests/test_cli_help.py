@@ -136,8 +136,7 @@ def test_old_spellings_are_out_of_the_help(helps: dict[str, str]) -> None:
             assert not re.search(rf"{option}\b", helps[name]), (name, option)
     for name in ("flame", "hot", "triage", "serve"):
         assert "-F HZ, --frequency HZ" in helps[name], name
-    assert "--by {pid}" in helps["lwlocks"]
-    for name in ("flame", "waits"):
+    for name in ("flame", "waits", "lwlocks"):
         assert "--by {pid,query}" in helps[name], name
     assert "--by {query}" in helps["hot"]
 

@@ -56,7 +56,10 @@ OTHER_PROBES = {
 }
 # Maps of the bpf twin that the D script does not print, and why (said in its header;
 # waits: no @first_runs, so sleeps begun before the capture stay unknown on DTrace).
-NOT_IN_D = {"clog_reads": {"open_errors"}, "waits": {"task", "first_runs"}}
+# --by query's maps: the statement read at each read or sample is bpftrace's only so far
+# (pgprobe refuses --by query with DTrace in one line).
+NOT_IN_D = {"clog_reads": {"open_errors", "qreads"}, "waits": {"task", "first_runs"},
+            "profile": {"qstacks", "qkstacks"}}  # fmt: skip
 PATH_PARAMS = {"BINARY"}
 # A global variable's declaration at top level (D needs one for an associative
 # array read, in a predicate, before any assignment): "uint64_t name[int];".
@@ -279,7 +282,8 @@ BPF_ONLY_PARAMS = {
     # bpftrace 0.17 stops its syscall tracepoints at SIGINT, a second or more before END
     # under load, so clog_reads.bt counts up to pgprobe's own SIGINT; DTrace runs END
     # with its probes still enabled, so END closes clog_reads.d's window in time.
-    "clog_reads": ["STOPPER_PID"],
+    "clog_reads": ["STOPPER_PID", "ENTRY", "STATE_OFF", "QID_OFF"],
+    "profile": ["ENTRY", "STATE_OFF", "QID_OFF"],  # --by query: bpftrace only
     # waits.bt reads task_struct fields at offsets from the kernel's BTF (bpftrace 0.17
     # spends ~1 s compiling curtask->field); waits.d reads curthread's fields by name.
     "waits": [

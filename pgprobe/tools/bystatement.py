@@ -74,6 +74,10 @@ def wanted(ns: argparse.Namespace) -> bool:
 def where(targets: Targets) -> Where:
     """Where the script reads the statement on this server, or a one-line refusal."""
     cluster = targets.cluster
+    if not cluster.major:
+        raise PgprobeError("--by query and --query-id need a connection to the server (its "
+                           "version, the statements' texts): give -h/-p/-U",
+                           EXIT_USAGE)  # fmt: skip
     if cluster.major < min(statement.QUERY_ID_OFFSET):
         raise PgprobeError(f"--by query needs PostgreSQL {min(statement.QUERY_ID_OFFSET)} or "
                            f"later (query ids); this server is {cluster.major}",

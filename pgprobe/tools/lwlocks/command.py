@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from typing import Any
 
 from pgprobe.discover import Targets
 from pgprobe.engines.base import RunInfo, Snapshot
-from pgprobe.tools import common
+from pgprobe.errors import EXIT_USAGE, PgprobeError
+from pgprobe.tools import bystatement, common
+from pgprobe.tools.lwlocks import bystatement as lwlock_statements
 from pgprobe.tools.lwlocks import guard, view
 from pgprobe.tools.lwlocks.probe import (
     DEFAULT_MAX_FIRES_PER_S,
@@ -28,6 +31,8 @@ from pgprobe.tools.lwlocks.records import (
     sleeps_warning,
     unmatched_warning,
 )
+from pgprobe.tools.queries import command as queries_command
+from pgprobe.tools.waits import probe as waits_probe
 
 NAME = "lwlocks"
 
@@ -41,8 +46,12 @@ def add_parser(sub: Any) -> None:
     )
     common.add_tracing_arguments(parser, default_duration=10)
     parser.add_argument(
-        "--by", choices=["pid"], help="one row per backend as well (pid, type, application)"
+        "--by",
+        choices=["pid", "query"],
+        help="pid: one row per backend as well (pid, type, application); query: LWLock sleeps "
+        "per statement (query id) from the time model (PostgreSQL 14+, the compiled object)",
     )
+    bystatement.add_filters(parser)
     parser.add_argument(
         "--interval",
         type=common.positive_int,
@@ -72,6 +81,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    if bystatement.wanted(ns):
+        return by_query(ns)
     by_pid = ns.by == "pid"
     common.check_interval(ns)
     sources: list[str] = []
@@ -125,3 +136,30 @@ def emit(
         return
     view.show(result, by_pid, meta, sleeps=source == SCHED, interval=ns.interval)
     common.print_losses(info)
+
+
+def by_query(ns: argparse.Namespace) -> int:
+    """--by query / --query-id: each statement's LWLock sleeps (pgprobe queries' capture)."""
+    if ns.interval:
+        raise PgprobeError("--by query takes no --interval (one table per capture)", EXIT_USAGE)
+    if ns.source == "usdt":
+        raise PgprobeError("--by query comes from the time model keyed by statement: not with "
+                           "--source usdt (its waits are not kept per statement)",
+                           EXIT_USAGE)  # fmt: skip
+    targets = common.prepare(ns, waits_probe.check_server)
+    got = queries_command.capture_statements(ns, targets)
+    rows = got.rows
+    if ns.query_id is not None:
+        rows = [r for r in rows if r.query_id == ns.query_id and not r.text_keyed]
+    found = lwlock_statements.sleeps(rows, targets.cluster.major)
+    meta = {**got.meta, "source": SCHED, "measures": "sleeps", "mode": "unknown", "by": "query"}
+    if ns.json:
+        common.print_json(NAME, meta, [r.as_json() for r in found])
+    else:
+        title = common.title("LWLock sleeps by statement (from the scheduler: sleeps, not "
+                             "waits; mode unknown)", meta)  # fmt: skip
+        view.show_by_query(title, found, max(shutil.get_terminal_size((160, 24)).columns - 70, 30))
+    common.print_losses(got.info)
+    if got.note:
+        common.warn(got.note, "note")
+    return 0

@@ -6,6 +6,7 @@ from typing import Any
 
 from pgprobe.render import table
 from pgprobe.tools import common
+from pgprobe.tools.lwlocks.bystatement import StatementSleep
 from pgprobe.tools.lwlocks.records import SLEEPS_TITLE, WaitRow
 
 COLUMNS = [
@@ -64,3 +65,26 @@ def show(
         " (nothing contended, or the targets were idle)" if not interval else ""
     )
     table.render(title, columns, [cells(r) for r in result], empty=empty)
+
+
+BY_QUERY_COLUMNS = [
+    table.Column("query_id", "QUERYID", numeric=True),
+    table.Column("tranche", "TRANCHE"),
+    table.Column("sleep_ms", "SLEPT ms", numeric=True),
+    table.Column("woken_ms", "WOKEN ms", numeric=True),
+    table.Column("share_pct", "SHARE", numeric=True),
+    table.Column("query", "STATEMENT"),
+]
+
+
+def show_by_query(title: str, rows: list[StatementSleep], width: int) -> None:
+    """--by query: each statement's LWLock sleeps per tranche."""
+    cells = []
+    for r in rows:
+        text = " ".join((r.query or f"({r.kind})").split())
+        text = text if len(text) <= width else text[: width - 1] + "…"
+        cells.append({"query_id": "" if r.query_id is None else str(r.query_id),
+                      "tranche": r.tranche, "sleep_ms": f"{r.sleep_ns / 1e6:,.3f}",
+                      "woken_ms": f"{r.woken_ns / 1e6:,.3f}",
+                      "share_pct": f"{100 * r.share:.1f}%", "query": text})  # fmt: skip
+    table.render(title, BY_QUERY_COLUMNS, cells, empty="no LWLock sleeps in any statement")
