@@ -118,21 +118,22 @@ def statements_dimension(
 ) -> querydim.Dimension | None:
     """--statements N: the time model keyed by query id too (the compiled object only; the
     agent said at start when it cannot, statements_unavailable)."""
-    if not getattr(ns, "statements", 0) or statements_unavailable(ns, targets):
+    if not getattr(ns, "statements", 0) or waits_compiled.why_not(ns) is not None:
         return None
-    found = statement.address_of(where, targets.cluster.major)
+    found = statement.address_of(where, targets.cluster.major)  # `where` read once, here
     return querydim.Dimension(found, text_hash=False) if found is not None else None
 
 
 def statements_unavailable(ns: argparse.Namespace, targets: Targets) -> str:
-    """Why --statements cannot be fed here ("" when it can)."""
+    """Why --statements cannot be fed here ("" when it can): the compiled object, and the
+    same reasons as every --by query (bystatement.where)."""
     why = waits_compiled.why_not(ns)
     if why is not None:
         return f"the compiled time model: {why or 'not with --engine bpftrace'}"
-    cluster = targets.cluster
-    if statement.address_of(address.find(cluster.postmaster_pid, cluster.binary),
-                            cluster.major) is None:  # fmt: skip
-        return f"{cluster.binary} has no MyBEEntry, or PostgreSQL {cluster.major} has no query ids"
+    try:
+        bystatement.where(targets)
+    except PgprobeError as exc:
+        return exc.message
     return ""
 
 
