@@ -16,6 +16,7 @@ reorder text, a newline forges a line, and XML refuses most C0 characters outrig
 
 Everything else (accents, CJK, a backslash) is left as it is, so the result only differs
 from the input where the input was not text, and ``literal(literal(s)) == literal(s)``.
+``one_line(text, width)`` flattens and cuts a statement's text for a cell.
 ``literal_lines(text)`` keeps tab and newline: for text that is several lines on purpose
 (a table title of two lines, a query text in the HTML report's preformatted cells).
 
@@ -48,6 +49,13 @@ def _shown(match: re.Match[str]) -> str:
 def literal(text: str) -> str:
     """``text`` on one line, every character that is not text written as ``\\xNN``/``\\uNNNN``."""
     return _ONE_LINE.sub(_shown, text)
+
+
+def one_line(text: str, width: int) -> str:
+    """A statement's text in a cell: its whitespace runs as one space, cut to ``width``
+    characters with an ellipsis (not made literal: the table or the frame does that)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: max(width - 1, 0)] + "…"
 
 
 def literal_lines(text: str) -> str:

@@ -119,13 +119,15 @@ def children(ppid: int) -> list[int]:
     """PIDs whose parent is `ppid`: /proc/PID/task/TID/children where the kernel has it (it
     costs what the children cost; scanning /proc took 0.15-0.24 s with 1,200 processes),
     else a scan of /proc/N/stat. The kernel says the children file may miss a child forked
-    or reaped while it is read: as a scan may, a moment later."""
+    or reaped while it is read (a reap shifts the list under the reader: a CI run missed a
+    child asleep throughout), so it is read twice and the two unioned; a scan may miss
+    such a child as well, a moment later."""
     found: set[int] = set()
     try:
-        for tid in os.listdir(PROC / str(ppid) / "task"):
-            found.update(
-                int(p) for p in (PROC / str(ppid) / "task" / tid / "children").read_text().split()
-            )
+        for _ in range(2):
+            for tid in os.listdir(PROC / str(ppid) / "task"):
+                children = (PROC / str(ppid) / "task" / tid / "children").read_text()
+                found.update(int(p) for p in children.split())
     except (OSError, ValueError):
         return _children_by_scan(ppid)
     return sorted(found)

@@ -40,6 +40,8 @@ CHURN_SETTINGS = {
     "max_parallel_workers_per_gather": "0",
     "max_connections": "100",
 }
+# No sleep of this load is longer: the holder's pg_sleep(1.5), a waiter queued behind it.
+LONGEST_SLEEP_S = 2.0
 _LINE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC \[(\d+)\] LOG:  "
     r"(connection received|disconnection)"

@@ -23,7 +23,14 @@ import json
 import time
 
 import pytest
-from churn_load import CHURN_SETTINGS, ChurnLoad, KernelLifetimes, inside, lifetimes
+from churn_load import (
+    CHURN_SETTINGS,
+    LONGEST_SLEEP_S,
+    ChurnLoad,
+    KernelLifetimes,
+    inside,
+    lifetimes,
+)
 from helpers import cluster_for, run_pgprobe
 
 from pgprobe import proc, safefile
@@ -36,9 +43,12 @@ from pgprobe.pgbuilds import PgBuild
 EXACT_S = 0.015
 LOG_MS_S = 0.002  # the log's timestamps: milliseconds, truncated
 TEARDOWN_S = 0.1  # a backend's exit to its final switch-out: 1-65 ms measured under this load
-# "unknown": a sleep begun before the capture and not named (the compiled object reads
-# every process's wait event at its start; for the script pgprobe reads pg_stat_activity
-# once the probes are in)
+# "unknown": a sleep begun before the capture and not named. The compiled object reads
+# every process's wait event at its start: next to none. The script's names come from a
+# pg_stat_activity read before bpftrace starts, so a sleep begun between that read and
+# BEGIN (bpftrace's compile: 0.3-1 s) is unknown until it ends: never longer than the
+# load's longest sleep, in a process that was there before the probes (CI: 1.77 s and
+# 2.42 s of 175 s, a few sessions).
 UNKNOWN_SHARE = 0.01
 
 
@@ -75,11 +85,11 @@ def churn(pg_build: PgBuild, engine: str) -> None:
     assert doc["meta"]["engine"] == ("libbpf" if engine == "compiled" else "bpftrace")
     start, end = doc["meta"]["window_unix_s"]
     counted: dict[int, float] = {}
-    unknown = 0.0
+    unknown: dict[int, float] = {}
     for row in doc["rows"]:
         counted[row["pid"]] = row["wall_us"] / 1e6
         if row["category"] == "unknown":
-            unknown += row["total_us"] / 1e6
+            unknown[row["pid"]] = unknown.get(row["pid"], 0.0) + row["total_us"] / 1e6
     # The kernel: every process of the cluster that lived in the window, for how long.
     lived = alive_before | set(kernel.forks)
     truth = {pid: kernel.inside(pid, start, end) for pid in lived}
@@ -109,12 +119,18 @@ def churn(pg_build: PgBuild, engine: str) -> None:
               if pid not in counted}  # fmt: skip
     summary = (f"{engine}: {len(counted)} processes ({len(kernel.forks)} forked, "
                f"{len(kernel.exits)} exited), {total:.3f} of {true_total:.3f} process-seconds, "
-               f"unknown {unknown:.3f} s; not counted: {missed}; off (pgprobe, kernel, "
-               f"edges): {wrong}")  # fmt: skip
+               f"unknown {sum(unknown.values()):.3f} s; not counted: {missed}; "
+               f"off (pgprobe, kernel, edges): {wrong}")  # fmt: skip
     print(summary)
     assert not wrong, summary
     assert abs(total - true_total) <= 0.01 * true_total, summary
-    assert unknown < UNKNOWN_SHARE * total, summary
+    if engine == "compiled":
+        assert sum(unknown.values()) < UNKNOWN_SHARE * total, summary
+    else:
+        longest = LONGEST_SLEEP_S + EXACT_S
+        late = {pid: (round(s, 4), kernel.edges(pid, start, end)) for pid, s in unknown.items()
+                if s > longest or kernel.forks.get(pid, start) > attaching}  # fmt: skip
+        assert not late, f"unknown, and not a sleep begun before the probes: {late}; {summary}"
     # The server's log: each client backend counted is one it started, counted at least
     # from its first line to its last.
     logged = lifetimes(log)

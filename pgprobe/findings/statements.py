@@ -13,6 +13,7 @@ from typing import Any
 
 from pgprobe.findings import fmt
 from pgprobe.findings.base import Doc
+from pgprobe.literal import one_line
 
 TEXT_CHARS = 60  # of a statement's text in a finding's title
 NAMED = ("statement", "idle in transaction", "text")
@@ -48,8 +49,7 @@ def cpu_seconds(row: dict[str, Any]) -> float:
 
 def named(row: dict[str, Any]) -> str:
     """`text…` (queryid N), or idle in transaction after it."""
-    text = " ".join(str(row.get("query") or "").split())
-    text = text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
+    text = one_line(str(row.get("query") or ""), TEXT_CHARS)
     what = f"`{text}`" if text else "a statement whose text was not seen"
     if row.get("kind") == "idle in transaction":
         what = f"sessions idle in transaction after {what}"

@@ -22,25 +22,13 @@ from typing import Any
 from pgprobe import discover
 from pgprobe.discover import Targets
 from pgprobe.errors import EXIT_ENV, EXIT_USAGE, PgprobeError
+from pgprobe.literal import one_line
 from pgprobe.pgstats import statements as pgss
 from pgprobe.tools.queries.records import IDLE_IN_XACT, NO_ID, OUTSIDE, STATEMENT, row_key
 from pgprobe.waitevents import address, statement
 
 NO_READ = (0, 0, 0)  # a script's ENTRY STATE_OFF QID_OFF when no statement is read
 TEXT_WIDTH = 100  # characters of a statement's text in its frame or row
-
-
-@dataclass(frozen=True)
-class Where:
-    """A script's three parameters: MyBEEntry's address, st_state's and st_query_id's
-    offsets in the entry."""
-
-    entry: int
-    state_offset: int
-    query_id_offset: int
-
-    def args(self) -> list[int]:
-        return [self.entry, self.state_offset, self.query_id_offset]
 
 
 def add_arguments(parser: argparse.ArgumentParser | Any, by: tuple[str, ...]) -> None:
@@ -71,7 +59,7 @@ def wanted(ns: argparse.Namespace) -> bool:
     return asked
 
 
-def where(targets: Targets) -> Where:
+def where(targets: Targets) -> statement.StatementAddress:
     """Where the script reads the statement on this server, or a one-line refusal."""
     cluster = targets.cluster
     if not cluster.major:
@@ -88,7 +76,7 @@ def where(targets: Targets) -> Where:
         raise PgprobeError(f"--by query cannot read the backends' statements: {cluster.binary} "
                            "has no MyBEEntry, or this major's offsets are not known",
                            EXIT_ENV)  # fmt: skip
-    return Where(found.entry, found.state_offset, found.query_id_offset)
+    return found
 
 
 @dataclass(frozen=True)
@@ -161,10 +149,7 @@ class Texts:
 def _with_text(head: str, text: str | None, read: bool) -> str:
     if not read:
         return head
-    flat = " ".join((text or "(text not seen)").split())
-    if len(flat) > TEXT_WIDTH:
-        flat = flat[: TEXT_WIDTH - 1] + "…"
-    return f"{head}: {flat}"
+    return f"{head}: {one_line(text or '(text not seen)', TEXT_WIDTH)}"
 
 
 def texts_for(targets: Targets, ns: argparse.Namespace) -> Texts:

@@ -57,6 +57,10 @@ class StatementAddress:
         """Bytes read from the entry's start: through st_query_id."""
         return self.query_id_offset + 8
 
+    def script_args(self) -> list[int]:
+        """A sampling script's ENTRY STATE_OFF QID_OFF (profile.bt, the clog scripts)."""
+        return [self.entry, self.state_offset, self.query_id_offset]
+
     def rodata(self, text_hash: bool) -> dict[str, int]:
         """bpf/waits.bpf.c's globals for the query dimension."""
         names = backend_state.STATE_NAMES[self.major]

@@ -308,7 +308,7 @@ def start(
     records() the same shape. signal_window: reads count from pgprobe's signal 0
     to its SIGINT (see below); the caller must then send that signal 0 after its
     opening pg_stat_slru read, as the clog-reads command does. Without it
-    (triage, serve) reads count from "@@live" to END. statement: bystatement.Where's
+    (triage, serve) reads count from "@@live" to END. statement: StatementAddress.script_args()
     args, where the scripts read each reading backend's statement into @qreads
     (NO_READ: not read).
     """

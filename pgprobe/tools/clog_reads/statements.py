@@ -52,7 +52,7 @@ def where(ns: argparse.Namespace, targets: Targets) -> list[int]:
         raise PgprobeError(f"{'--by query' if ns.by == 'query' else '--query-id'} needs "
                            "bpftrace: d/clog_reads.d does not read the backends' statements",
                            EXIT_ENV)  # fmt: skip
-    return bystatement.where(targets).args()
+    return bystatement.where(targets).script_args()
 
 
 def start_texts(ns: argparse.Namespace, targets: Targets) -> bystatement.Texts:

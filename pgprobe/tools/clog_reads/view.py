@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pgprobe.discover import Targets
-from pgprobe.literal import literal
+from pgprobe.literal import literal, one_line
 from pgprobe.pgstats import SlruStats
 from pgprobe.render import table
 from pgprobe.tools import common
@@ -133,13 +133,12 @@ def statement_cells(row: StatementRow, texts: Texts, width: int) -> dict[str, st
         query = (row.query or "(text not seen)") if texts.read else ""
     else:
         query = texts.name(p)  # idle in transaction after ..., (outside statements), ...
-    flat = " ".join(query.split())
     return {
         "query_id": "" if p.query_id is None else str(p.query_id),
         "slru": row.slru,
         "reads": f"{row.reads:,}",
         "backends": str(len(row.pids)),
-        "query": flat if len(flat) <= width else flat[: width - 1] + "…",
+        "query": one_line(query, width),
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pgprobe.literal import one_line
 from pgprobe.render import table
 from pgprobe.tools import common
 from pgprobe.tools.lwlocks.bystatement import StatementSleep
@@ -81,8 +82,7 @@ def show_by_query(title: str, rows: list[StatementSleep], width: int) -> None:
     """--by query: each statement's LWLock sleeps per tranche."""
     cells = []
     for r in rows:
-        text = " ".join((r.query or f"({r.kind})").split())
-        text = text if len(text) <= width else text[: width - 1] + "…"
+        text = one_line(r.query or f"({r.kind})", width)
         cells.append({"query_id": "" if r.query_id is None else str(r.query_id),
                       "tranche": r.tranche, "sleep_ms": f"{r.sleep_ns / 1e6:,.3f}",
                       "woken_ms": f"{r.woken_ns / 1e6:,.3f}",

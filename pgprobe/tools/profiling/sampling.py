@@ -33,6 +33,7 @@ from pgprobe.tools.profiling.options import (
 from pgprobe.tools.profiling.result import Profile
 from pgprobe.unwind import choose
 from pgprobe.unwind.capture import PerfCapture
+from pgprobe.waitevents.statement import StatementAddress
 
 # -- capture ---------------------------------------------------------------------------------
 
@@ -48,13 +49,13 @@ def map_keys(duration: float, hz: int, cpus: int | None = None) -> int:
 
 
 def script_args(
-    targets: Targets, hz: int, kernel: bool, where: bystatement.Where | None = None
+    targets: Targets, hz: int, kernel: bool, where: StatementAddress | None = None
 ) -> list[int | Path]:
     """$1 HZ, $2 postmaster, $3 only this pid (0: all), $4 kernel stacks, $5 interval (0),
     $6-$8 where the statement is read (bpftrace only: d/profile.d takes five, and DTrace
     refuses a parameter a script does not use)."""
     single = targets.pids[0] if not targets.whole_cluster and len(targets.pids) == 1 else 0
-    read = where.args() if where is not None else []
+    read = where.script_args() if where is not None else []
     return [hz, targets.cluster.postmaster_pid, single, int(kernel), 0, *read]
 
 
@@ -141,7 +142,7 @@ class ProfileRun:
     kernel: bool
     unwind: str = "fp"
     unwind_reason: str = ""
-    where: bystatement.Where | None = None  # --by query: where profile.bt reads statements
+    where: StatementAddress | None = None  # --by query: where profile.bt reads statements
 
     def finish(self, snapshot: Snapshot, info: RunInfo, names_at_end: bool = False) -> Profile:
         # Said once, as samples_without_stack (see the module doc), instead of per sample.

@@ -14,9 +14,10 @@ from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import bystatement, common
 from pgprobe.tools.profiling.result import Profile
 from pgprobe.tools.queries.records import IDLE_IN_XACT, STATEMENT
+from pgprobe.waitevents.statement import StatementAddress
 
 
-def where(ns: argparse.Namespace, targets: Targets) -> bystatement.Where | None:
+def where(ns: argparse.Namespace, targets: Targets) -> StatementAddress | None:
     """Where profile.bt reads the statement (None: not asked), or a one-line refusal."""
     if not bystatement.wanted(ns):
         return None

@@ -7,6 +7,7 @@ import shutil
 import sys
 from typing import Any
 
+from pgprobe.literal import one_line
 from pgprobe.render import table
 from pgprobe.tools.queries.records import (
     IDLE_IN_XACT,
@@ -49,11 +50,6 @@ def label(row: StatementTime) -> str:
     return f"({row.kind})"
 
 
-def _one_line(text: str, width: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: max(width - 1, 8)] + "…"
-
-
 def cells(row: StatementTime, major: int, db_ns: int, window_ns: int, width: int) -> dict[str, str]:
     top = "; ".join(f"{name} {ns / 1e9:.2f}" for name, ns in named_waits(row, major, TOP_WAITS))
     return {
@@ -68,7 +64,7 @@ def cells(row: StatementTime, major: int, db_ns: int, window_ns: int, width: int
         "query_id": str(row.query_id)
         if row.kind in (STATEMENT, IDLE_IN_XACT) and not row.text_keyed
         else "",
-        "query": _one_line(label(row), width),
+        "query": one_line(label(row), max(width, 9)),
     }
 
 
@@ -109,7 +105,7 @@ def show_components(
                     "wait_event": part["wait_event"],
                     "seconds": f"{part['total_us'] / 1e6:,.3f}",
                     "share": f"{part['share_pct']:.1f}%",
-                    "query": _one_line(label(row), width) if first else "",
+                    "query": one_line(label(row), max(width, 9)) if first else "",
                 }
             )
     table.render(title, BY_QUERY_COLUMNS, cells, empty="no DB time")
@@ -132,4 +128,4 @@ def show_model(title: str, row: StatementTime, major: int) -> None:
         for p, e, ns in parts
     ]
     table.render(title, MODEL_COLUMNS, cells, empty="no time")
-    print(f"query: {_one_line(label(row), 400)}", file=sys.stderr)
+    print(f"query: {one_line(label(row), 400)}", file=sys.stderr)
