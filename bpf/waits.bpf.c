@@ -136,8 +136,18 @@ const volatile __u64 text_hash = 0;
  */
 const volatile __u64 act_off = 0;
 const volatile __u64 pg_clock_ns = 0;
+/*
+ * The lock dimension (pgprobe/tools/waits/lockdim.py): at a switch-out into a sleep of the
+ * Lock class, the lock the backend is queued on (MyProc->waitLock's LOCKTAG), the mode it
+ * wants and when its wait began (waitLockMode, waitStart); each lock wait's sleeps are
+ * charged to @lock_ns[tid, lock, mode]. proc_addr: &MyProc (0: off); wait_lock_off:
+ * offsetof(PGPROC, waitLock), where struct proc_wait's fields follow (14-18).
+ */
+const volatile __u64 proc_addr = 0;
+const volatile __u64 wait_lock_off = 0;
 
 #define EXIT_ZOMBIE_OR_DEAD 0x30
+#define WAIT_CLASS_LOCK 0x03	/* wait_event_info >> 24 of every Lock:* event */
 #define MAX_TASKS 65536
 #define BEFORE_CAPTURE 2	/* waits.bt's "asleep since before the capture" event */
 #define HIST_SLOTS 48	/* 2^47 ns: 39 hours */
@@ -233,6 +243,34 @@ struct task_state {
 	 * between a recv() that finds no message and that sleep: one read less per statement)
 	 */
 	__u64 lr_cc, lr_state, lr_id, lr_act, lr_ok;
+	/*
+	 * The lock dimension: MyProc's value once set; lk: the lock the sleep begun at
+	 * `since` waits for (lk_ok); w: the lock wait under way (its first sleep's lock, mode
+	 * and start) and its sleeps so far, moved to @lock_ns when another wait's first sleep
+	 * is charged or at the exit (one map update per wait, not per sleep: a wait sleeps
+	 * again at each deadlock check and each spurious wakeup)
+	 */
+	__u64 proc_ptr;
+	struct lock_id {
+		__u64 tag0, tag1, mode, start;
+	} lk;
+	__u64 lk_ok;
+	struct lock_id w;
+	__u64 w_ns, w_sleeps;
+};
+/* PGPROC from waitLock on (14-18): the lock, the PROCLOCK, the mode wanted, the wait's start */
+struct proc_wait {
+	__u64 lock, proclock;
+	__s32 mode;
+	__u32 pad;
+	__u64 start;	/* TimestampTz; 0 until set (after the deadlock timer is armed) */
+};
+struct lock_key {
+	__u32 tid, mode;
+	__u64 tag0, tag1;	/* the LOCKTAG's 16 bytes */
+};
+struct lock_val {
+	__u64 ns, sleeps, waits, max_ns;	/* max_ns: the longest wait's sleeps */
 };
 /* A statement read at a switch-out: the status entry's change count, state, id. */
 struct query {
@@ -288,6 +326,15 @@ struct {
 	__type(key, struct query_key);
 	__type(value, struct pair_ns);
 } query_ns SEC(".maps");
+
+/* (tid, mode, lock) -> its waits' sleeps: the lock dimension (proc_addr set) */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_QUERY_KEYS);
+	__type(key, struct lock_key);
+	__type(value, struct lock_val);
+} lock_ns SEC(".maps");
 
 /*
  * tid -> the statement read at its exit_group, for its final run (its memory is gone at
@@ -611,6 +658,78 @@ static __always_inline void charge_sleep(struct task_state *t, __u32 tid, __u64 
 	t->s_rq3 += woken;
 }
 
+/*
+ * The lock a sleep in a Lock wait event waits for, into lk (false: not readable, or
+ * not queued on one): *MyProc (kept once set), then two reads, only at these sleeps.
+ */
+static __always_inline bool read_lock(struct task_state *t, struct lock_id *lk)
+{
+	__u64 p = t->proc_ptr;
+	struct proc_wait f;
+
+	if (!p) {
+		if (bpf_probe_read_user(&p, sizeof(p), (void *)proc_addr) || !p)
+			return false;
+		t->proc_ptr = p;
+	}
+	if (bpf_probe_read_user(&f, sizeof(f), (void *)(p + wait_lock_off)) || !f.lock)
+		return false;
+	if (bpf_probe_read_user(&lk->tag0, 2 * sizeof(__u64), (void *)f.lock))
+		return false;
+	lk->mode = (__u32)f.mode;
+	lk->start = f.start;
+	return true;
+}
+
+/* The lock wait under way to @lock_ns: another one begins, or the process ends. */
+static __always_inline void flush_lock(struct task_state *t, __u32 tid)
+{
+	if (!t->w_sleeps)
+		return;
+	struct lock_key k = { tid, (__u32)t->w.mode, t->w.tag0, t->w.tag1 };
+	struct lock_val *v = bpf_map_lookup_elem(&lock_ns, &k);
+	if (!v) {
+		struct lock_val zero = {};
+		bpf_map_update_elem(&lock_ns, &k, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&lock_ns, &k);
+		if (!v) {
+			refused();	/* map full */
+			return;
+		}
+	}
+	/* only this task writes its keys: plain adds (pgprobe reads, never writes) */
+	v->ns += t->w_ns;
+	v->sleeps += t->w_sleeps;
+	v->waits += 1;
+	if (t->w_ns > v->max_ns)
+		v->max_ns = t->w_ns;
+	t->w_ns = 0;
+	t->w_sleeps = 0;
+}
+
+/*
+ * A sleep of `slept` ns in `wei` ends: charged to its lock when it waited for one. The same
+ * wait when the lock, the mode and the wait's start are the wait under way's (a start
+ * not set yet, 0, matches any: the same lock and mode, one after the other).
+ */
+static __always_inline void charge_lock(struct task_state *t, __u32 tid, __u64 wei,
+					__u64 slept)
+{
+	if (!t->lk_ok || wei != t->a)
+		return;	/* no lock read, or a sleep begun before the capture */
+	struct lock_id *a = &t->lk, *w = &t->w;
+	bool same = t->w_sleeps && a->tag0 == w->tag0 && a->tag1 == w->tag1 &&
+		    a->mode == w->mode && (!a->start || !w->start || a->start == w->start);
+	if (!same) {
+		flush_lock(t, tid);
+		t->w = t->lk;
+	}
+	if (!w->start)
+		w->start = a->start;
+	t->w_ns += slept;
+	t->w_sleeps += 1;
+}
+
 /* *my_wait_event_info into wei (false: not readable) */
 static __always_inline bool raw_wait_event(struct task_state *t, __u32 *wei)
 {
@@ -760,6 +879,8 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 	t->wei = wei;
 	if (query_span)
 		charge_sleep(t, tid, wei, slept, 0);
+	if (proc_addr)
+		charge_lock(t, tid, wei, slept);
 	if (t->state == ASLEEP) {	/* a whole sleep, seen from its start */
 		__u32 slot = log2_slot(slept);
 		t->hist[slot]++;
@@ -897,6 +1018,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		add2(&runq_ns, tid, 2, t->runq2);
 		add2(&runq_ns, tid, 3, t->runq3);
 		flush(t, tid);
+		if (proc_addr)
+			flush_lock(t, tid);
 		if (query_span) {
 			flush_runs(t, tid);
 			flush_sleeps(t, tid);
@@ -915,6 +1038,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (!wei_read)
 		wei_ok = raw_wait_event(t, &wei);
 	t->a = read_wait_event(t, &q, wei_ok, wei);
+	t->lk_ok = proc_addr && (t->a >> 24) == WAIT_CLASS_LOCK && read_lock(t, &t->lk);
 	t->lr_ok = 0;
 	t->qa_state = q.state;
 	t->qa_id = q.id;

@@ -66,6 +66,7 @@ COMMANDS = {
     "clog-reads": "pgprobe.tools.clog_reads",
     "waits": "pgprobe.tools.waits",
     "queries": "pgprobe.tools.queries",
+    "locks": "pgprobe.tools.locks",
     "backends": "pgprobe.tools.backends",
     "doctor": "pgprobe.tools.doctor",
     "flame": "pgprobe.tools.flame",

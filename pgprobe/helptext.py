@@ -56,6 +56,11 @@ _EXAMPLES: dict[str, list[Example]] = {
             "an off-CPU flame graph rooted at the wait events",
         ),
     ],
+    "locks": [
+        ("sudo pgprobe locks -U postgres", "which locks the sessions waited on (10 s)"),
+        ("sudo pgprobe locks -U postgres --by pid", "... one row per waiter"),
+        ("sudo pgprobe locks -U postgres -d 30 --json", "30 s, as JSON"),
+    ],
     "queries": [
         ("sudo pgprobe queries -U postgres", "the statements the time goes to (10 s)"),
         ("sudo pgprobe queries -U postgres --event Lock:transactionid", "... waiting on rows"),

@@ -13,6 +13,7 @@ from pgprobe.pgstats import statements as pgss
 from pgprobe.tools import common
 from pgprobe.tools.queries import records, view
 from pgprobe.tools.waits import compiled, probe, querydim
+from pgprobe.tools.waits.targets import counted
 from pgprobe.waitevents import address, statement
 
 NAME = "queries"
@@ -121,7 +122,7 @@ def capture_statements(ns: argparse.Namespace, targets: Targets) -> Captured:
     with discover.connect_conninfo(conninfo) as conn:
         after = pgss.read_statements(conn)
         own = sampler.own_pid if sampler is not None else 0
-        keep = _keep(targets)
+        keep = counted(targets)
         charged = records.charges(snapshot)
         rows = records.statements(cluster.major, charged, lambda pid: pid != own and keep(pid))
         if not no_text:
@@ -178,16 +179,6 @@ def run(ns: argparse.Namespace) -> int:
         view.show(title, shown, meta, cluster.major)
     _notes(meta, info, note, json=False)
     return 0
-
-
-def _keep(targets: Targets) -> Any:
-    """The processes counted: the targets', never the postmaster (it runs no statement; its
-    main loop sleeps with no wait event, which is idle, not DB time)."""
-    postmaster = targets.cluster.postmaster_pid
-    if targets.whole_cluster:
-        return lambda pid: pid != postmaster
-    pids = set(targets.pids) - {postmaster}
-    return lambda pid: pid in pids
 
 
 def _notes(meta: dict[str, Any], info: Any, note: str | None, json: bool) -> None:

@@ -31,7 +31,7 @@ from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
 from pgprobe.engines.compiled import CompiledCapture
 from pgprobe.errors import PgprobeError
 from pgprobe.scripts import script_path
-from pgprobe.tools.waits import querydim, records
+from pgprobe.tools.waits import lockdim, querydim, records
 from pgprobe.waitevents import address as waitevents_address
 from pgprobe.waitevents import backend_state
 
@@ -54,10 +54,12 @@ HIST_SLOTS = 48
 _HIST_AT = 15
 _QUERY_AT = _HIST_AT + HIST_SLOTS  # the query dimension's fields (querydim.FIELDS)
 # after the histogram: the query dimension's fields, then slept_p (the sleep begun at
-# `since` as measured at its first preemption since, +1; 0: none), then the marks
-TAIL_FIELDS = querydim.FIELDS + 1 + querydim.MARK_FIELDS
+# `since` as measured at its first preemption since, +1; 0: none), the marks, the lock
+# dimension's fields
+TAIL_FIELDS = querydim.FIELDS + 1 + querydim.MARK_FIELDS + lockdim.FIELDS
 _SLEPT_P = _QUERY_AT + querydim.FIELDS
 _MARKS_AT = _SLEPT_P + 1
+_LOCK_AT = _MARKS_AT + querydim.MARK_FIELDS
 _TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
 # The query dimension's own programs: system call tracepoints, which once attached slow
@@ -108,11 +110,13 @@ def capture(
     duration: float | None,
     duty: float = 1.0,
     query: querydim.Dimension | None = None,
+    locks: lockdim.Dimension | None = None,
 ) -> CompiledCapture:
     """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals; with a duty
     below 1 (and an interval), each interval's snapshot is a capture of its own (engines.
     compiled): the maps are emptied and the processes seeded again at each attach. query:
-    the time model keyed by statement too (querydim), in the snapshot's `query_ns`."""
+    the time model keyed by statement too (querydim), in the snapshot's `query_ns`; locks:
+    each Lock sleep keyed by its lock too (lockdim), in `lock_ns`."""
     postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
     path = object_path()
     assert path is not None
@@ -133,10 +137,12 @@ def capture(
             state = SEEDED_ASLEEP if proc.asleep(pid) else SEEDED_RUNNING
             obj.update("start", _U32.pack(pid), _START.pack(c.cpu_ns, c.runq_ns, c.sleeps, state))
 
-    globals_ = {**rodata(args), **(query.rodata() if query else {})}
-    return CompiledCapture(path, globals_, lambda obj, info: read(obj, info, pids(), query),
+    globals_ = {**rodata(args), **(query.rodata() if query else {}),
+                **(locks.rodata() if locks else {})}  # fmt: skip
+    return CompiledCapture(path, globals_,
+                           lambda obj, info: read(obj, info, pids(), query, locks),
                            duration, interval or None, start_window, duty,
-                           lambda obj: _seed(obj, start, address, entry, query),
+                           lambda obj: _seed(obj, start, address, entry, query, locks),
                            frozenset() if query else QUERY_PROGRAMS)  # fmt: skip
 
 
@@ -151,7 +157,7 @@ def rodata(args: list[int | Path]) -> dict[str, int]:
 def _empty(obj: libbpf.BpfObject, pids: list[int]) -> None:
     """A fresh capture's maps in an object that ran before (detached): no totals, and no
     @task entry left to these processes (a task storage map cannot be walked: by pidfd)."""
-    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start", "query_ns", "exit_query"):
+    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start", "query_ns", "exit_query", "lock_ns"):
         obj.clear(name)
     for pid in pids:
         with contextlib.suppress(OSError), _pidfd(pid) as pidfd:
@@ -192,6 +198,7 @@ def _seed(
     wei_address: int,
     entry: backend_state.StateAddress | None,
     query: querydim.Dimension | None = None,
+    locks: lockdim.Dimension | None = None,
 ) -> None:
     """Each process's @task entry as of the window's start, made right after the attach:
     the object splits the time from there to its first sleep seen (waits.bpf.c). Made
@@ -221,9 +228,10 @@ def _seed(
             totals = _unseen(at_start, counters, read_at - start.window)
         state = SEEDED_ASLEEP if sleeping and last.runs == base.runs else SEEDED_RUNNING
         fields = query.seed(pid) if query else (0,) * querydim.FIELDS
+        lock = locks.seed(pid, wei) if locks else (0,) * lockdim.FIELDS
         value = _TASK.pack(since, state, wei, 0, *totals, base.cpu_ns, base.runq_ns,
                            base.sleeps, *[0] * (3 + HIST_SLOTS), *fields, 0,
-                           *[0] * querydim.MARK_FIELDS)  # fmt: skip
+                           *[0] * querydim.MARK_FIELDS, *lock)  # fmt: skip
         with contextlib.suppress(OSError, libbpf.LibbpfError), _pidfd(pid) as pidfd:
             obj.update("task", _I32.pack(pidfd), value, only_new=True)  # refused: exited
 
@@ -310,7 +318,11 @@ def _open(raw: RawTask) -> querydim.Open:
 
 
 def read(
-    obj: libbpf.BpfObject, info: RunInfo, pids: list[int], query: querydim.Dimension | None = None
+    obj: libbpf.BpfObject,
+    info: RunInfo,
+    pids: list[int],
+    query: querydim.Dimension | None = None,
+    locks: lockdim.Dimension | None = None,
 ) -> Snapshot:
     """The maps as waits.bt prints them; @now_ns the moment the read ended (each process's
     time is counted to the moment its counters were read, just before)."""
@@ -322,6 +334,7 @@ def read(
     for name in _BY_PAIR:
         maps[name] = {_PAIR.unpack(k): _U64.unpack(v)[0] for k, v in obj.items(name)}
     query_read = querydim.read_map(obj) if query else {}
+    lock_read = lockdim.read_map(obj) if locks else {}
     hist_items = obj.items("wait_hist")
     after = _raw_tasks(obj, pids)
     now = time.monotonic_ns()
@@ -344,6 +357,12 @@ def read(
     maps["wait_hist"] = _hists(hist_items, kept)
     if query:
         maps["query_ns"] = _query_ns(obj, query, query_read, before, after)
+    if locks:
+        kept_raw = {pid: before[pid] if maps["task"][(pid,)] is closed_before.get((pid,))
+                    else raw for pid, raw in after.items()}  # fmt: skip
+        maps["lock_ns"] = lockdim.collect(
+            obj, lock_read, {pid: _lock_part(raw) for pid, raw in before.items()},
+            {pid: _lock_part(raw) for pid, raw in kept_raw.items()})  # fmt: skip
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
 
@@ -438,3 +457,9 @@ def _query_ns(
 
     fields_after = fields(after)
     return querydim.snapshot_map(obj, read, fields(before), fields_after, live)
+
+
+def _lock_part(raw: RawTask) -> lockdim.Part:
+    """A raw entry's lock fields, with its open sleep as the time model charges it."""
+    fields, part = _TASK.unpack(raw[0]), _open(raw)
+    return lockdim.Part(fields[_LOCK_AT:], part.asleep_in, fields[2], part.slept)

@@ -4,7 +4,7 @@ through the whole capture (read from /proc and pg_stat_activity). Used by
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pgprobe import discover, proc, waitevents
@@ -86,6 +86,17 @@ def ours(targets: Targets) -> Any:
         return info is not None and info.ppid == postmaster
 
     return is_ours
+
+
+def counted(targets: Targets) -> Callable[[int], bool]:
+    """The processes a tool counts from the compiled object's maps (which hold the cluster's
+    alone, the exited ones too): the targets', never the postmaster (it runs no statement
+    and takes no lock; its main loop sleeps with no wait event: idle, not DB time)."""
+    postmaster = targets.cluster.postmaster_pid
+    if targets.whole_cluster:
+        return lambda pid: pid != postmaster
+    pids = set(targets.pids) - {postmaster}
+    return lambda pid: pid in pids
 
 
 def describe(targets: Targets) -> records.Describe:

@@ -1,0 +1,56 @@
+"""Names for the OIDs a lock carries: databases (a shared catalog, any session reads it) and
+relations (pg_class is per database: only the session's own database's can be named; a
+relation of another database keeps its OID, said as such). One read-only query each, with
+the OIDs as parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+_DATABASES = "SELECT oid::bigint, datname FROM pg_database WHERE oid = ANY(%s::oid[])"
+_RELATIONS = """
+SELECT c.oid::bigint, n.nspname, c.relname
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.oid = ANY(%s::oid[])
+"""
+_HERE = "SELECT oid::bigint FROM pg_database WHERE datname = current_database()"
+
+
+@dataclass
+class RelationNames:
+    """Database and relation names by OID, as read once from the server."""
+
+    here: int = 0  # the session's database OID
+    databases: dict[int, str] = field(default_factory=dict)
+    relations: dict[int, tuple[str, str]] = field(default_factory=dict)  # oid -> (schema, name)
+
+    def database(self, oid: int) -> str:
+        return self.databases.get(oid, f"database {oid}")
+
+    def relation(self, database: int, oid: int) -> str:
+        """schema.name, or the OID (and its database) when it cannot be named from here."""
+        if database in (self.here, 0) and oid in self.relations:
+            schema, name = self.relations[oid]
+            return f"{schema}.{name}"
+        where = f" in {self.database(database)}" if database not in (self.here, 0) else ""
+        return f"relation {oid}{where}"
+
+
+def read(conn: Any, databases: Iterable[int], relations: Iterable[int]) -> RelationNames:
+    """The names of these OIDs (relations of the session's database only)."""
+    out = RelationNames()
+    with conn.cursor() as cur:
+        cur.execute(_HERE)
+        row = cur.fetchone()
+        out.here = int(row[0]) if row else 0
+        dbs = sorted({int(d) for d in databases} | {out.here})
+        cur.execute(_DATABASES, (dbs,))
+        out.databases = {int(oid): str(name) for oid, name in cur.fetchall()}
+        rels = sorted({int(r) for r in relations})
+        if rels:
+            cur.execute(_RELATIONS, (rels,))
+            out.relations = {int(oid): (str(s), str(n)) for oid, s, n in cur.fetchall()}
+    return out

@@ -1,0 +1,124 @@
+"""`pgprobe locks`: heavyweight lock waits per lock and mode, exactly (thin CLI glue)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pgprobe import discover
+from pgprobe.discover import Targets
+from pgprobe.errors import EXIT_ENV, PgprobeError
+from pgprobe.pgstats import relnames
+from pgprobe.tools import common
+from pgprobe.tools.locks import records, view
+from pgprobe.tools.waits import compiled, lockdim, probe
+from pgprobe.tools.waits import records as waits_records
+from pgprobe.tools.waits.targets import counted, identities, ours, present, run_counts, watched
+from pgprobe.waitevents import address, lockwait
+
+NAME = "locks"
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help="heavyweight lock waits: which lock, which mode, how long, exactly",
+        description="Every sleep in a Lock:* wait event charged to the lock the backend "
+        "was queued on (the table, row or transaction) and the mode it wanted, read from "
+        "its PGPROC at the switch-out: exact seconds per lock and waiter (14+).",
+    )
+    common.add_tracing_arguments(parser, default_duration=10)
+    parser.add_argument("--by", choices=["pid"], help="pid: one row per waiter and lock")
+    parser.set_defaults(run=run)
+
+
+def dimension(ns: argparse.Namespace, targets: Targets) -> tuple[address.WaitEventAddress,
+                                                                  lockdim.Dimension]:  # fmt: skip
+    """Where the wait event and each backend's PGPROC are, or a one-line refusal."""
+    why = compiled.why_not(ns)
+    if why is not None:
+        raise PgprobeError(f"locks needs the compiled time model: "
+                           f"{why or 'it runs on bpftrace with libbpf only'}",
+                           EXIT_ENV)  # fmt: skip
+    cluster = targets.cluster
+    where = address.find(cluster.postmaster_pid, cluster.binary)
+    found = lockwait.find(where, cluster.major)
+    if found is None:
+        raise PgprobeError(f"locks cannot read the backends' lock waits: {cluster.binary} has "
+                           f"no {lockwait.SYMBOL}, or this major's offsets are not known",
+                           EXIT_ENV)  # fmt: skip
+    return where, lockdim.Dimension(found)
+
+
+def run(ns: argparse.Namespace) -> int:
+    targets = common.prepare(ns, probe.check_server)
+    cluster = targets.cluster
+    where, dim = dimension(ns, targets)
+    runs_before = run_counts(watched(targets))
+    discovered = identities(runs_before)
+    capture = compiled.capture(probe.script_args(targets, where, None), ns.duration, locks=dim)
+    snapshot, info = None, None
+    for got in common.snapshots(capture, ns, "lock waits"):
+        snapshot, info = got  # the last one: the whole window
+    assert snapshot is not None and info is not None
+    is_ours = ours(targets)
+    keep = counted(targets)
+    waits = records.lock_waits(snapshot, keep)
+    procs = [p for p in waits_records.records(snapshot, present(discovered), is_ours)
+             if keep(p.pid)]  # fmt: skip
+    model = records.model_lock_ns(procs)
+    not_read = records.not_read_ns(waits, model)
+    names = _names(cluster.conninfo, waits, cluster.major)
+
+    def label(tag: lockwait.LockTag) -> str:
+        return records.label(tag, cluster.major, names)
+
+    start, end = waits_records.window(snapshot)
+    rows = records.by_lock(waits)
+    meta = common.meta(
+        targets, info, snapshot,
+        window_s=round((end - start) / 1e9, 6),
+        window_unix_s=common.wall_clock(start, end),
+        lock_wait_us=round(sum(w.ns for w in waits) / 1000, 3),
+        lock_model_us=round(sum(model.values()) / 1000, 3),
+        lock_not_read_us=round(sum(not_read.values()) / 1000, 3),
+        lock_not_read_pids=sorted(not_read),
+    )  # fmt: skip
+    if ns.json:
+        if ns.by == "pid":
+            out = [{"pid": w.pid, **_pid_row(w, cluster.major, label)} for w in waits]
+        else:
+            out = [r.as_json(cluster.major, label(r.tag)) for r in rows]
+        common.print_json(NAME, meta, out)
+    else:
+        title = common.title("Heavyweight lock waits", meta) + (
+            f"; {meta['lock_wait_us'] / 1e6:.3f} s waited"
+        )
+        if ns.by == "pid":
+            view.show_by_pid(title, waits, label,
+                             lambda pid: targets.describe(pid).application_name)  # fmt: skip
+        else:
+            view.show(title, rows, cluster.major, label)
+    common.print_losses(info)
+    if not_read:
+        common.warn(f"{sum(not_read.values()) / 1e9:.3f} s of Lock waits (pids "
+                    f"{', '.join(map(str, sorted(not_read)))}) have no lock: their sleep began "
+                    "before the capture and the lock could not be read then")  # fmt: skip
+    return 0
+
+
+def _names(
+    conninfo: str | None, waits: list[records.LockWait], major: int
+) -> relnames.RelationNames:
+    """The databases' and relations' names (OIDs without a connection)."""
+    if conninfo is None or not waits:
+        return relnames.RelationNames()
+    dbs, rels = records.oids(waits, major)
+    with discover.connect_conninfo(conninfo) as conn:
+        return relnames.read(conn, dbs, rels)
+
+
+def _pid_row(w: records.LockWait, major: int, label: Any) -> dict[str, Any]:
+    return {"lock": label(w.tag), "locktype": w.tag.locktype(major), **w.tag.columns(major),
+            "mode": lockwait.mode_name(w.mode), "total_us": round(w.ns / 1000, 3),
+            "waits": w.waits, "sleeps": w.sleeps, "max_us": round(w.max_ns / 1000, 3)}  # fmt: skip

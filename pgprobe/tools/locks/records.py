@@ -1,0 +1,152 @@
+"""Heavyweight lock waits from the snapshot's `lock_ns`: pure functions, no I/O.
+
+lock_ns (tools/waits/lockdim.py) -> LockWait per (waiter, lock, mode) -> LockRow per (lock,
+mode) over its waiters. Beside them, each waiter's Lock time in the time model of the same
+capture (its Lock:* wait events): what is there and not under a lock is a sleep whose lock
+was not read (begun before the capture and not readable at its start, or a failed read),
+said, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgprobe.engines.base import Snapshot
+from pgprobe.pgstats.relnames import RelationNames
+from pgprobe.tools.waits.records import ProcessTime
+from pgprobe.waitevents import lockwait
+
+Tag = lockwait.LockTag  # the lock, as the backend holds it
+
+
+@dataclass(frozen=True)
+class LockWait:
+    """One waiter's sleeps on one lock in one mode, over the window."""
+
+    pid: int
+    tag: lockwait.LockTag
+    mode: int
+    ns: int
+    sleeps: int
+    waits: int  # lock acquisitions waited for (a wait sleeps again at each deadlock check)
+    max_ns: int  # the longest of them (its part in the window)
+
+    @property
+    def mode_name(self) -> str:
+        return lockwait.mode_name(self.mode)
+
+
+def lock_waits(snapshot: Snapshot, keep: Callable[[int], bool]) -> list[LockWait]:
+    """The snapshot's lock waits of the processes kept, longest first."""
+    out = []
+    for key, value in snapshot.get("lock_ns").items():
+        if len(key) != 8 or not isinstance(value, tuple) or len(value) != 4:
+            continue
+        tid, mode, f1, f2, f3, f4, kind, method = (int(str(k)) for k in key)
+        if keep(tid) and value[0] > 0:
+            tag = lockwait.LockTag(f1, f2, f3, f4, kind, method)
+            out.append(LockWait(tid, tag, mode, *value))
+    return sorted(out, key=lambda w: (-w.ns, w.pid))
+
+
+def model_lock_ns(procs: Iterable[ProcessTime]) -> dict[int, int]:
+    """Each process's time in Lock:* wait events, by the time model."""
+    out = {}
+    for p in procs:
+        ns = sum(v for wei, v in p.wait_ns.items() if wei >> 24 == lockwait.WAIT_CLASS_LOCK)
+        if ns:
+            out[p.pid] = ns
+    return out
+
+
+def not_read_ns(waits: Iterable[LockWait], model: dict[int, int]) -> dict[int, int]:
+    """Per waiter, its Lock time in the time model not charged to any lock."""
+    charged: dict[int, int] = defaultdict(int)
+    for w in waits:
+        charged[w.pid] += w.ns
+    return {pid: ns - charged[pid] for pid, ns in model.items() if ns - charged[pid] > 0}
+
+
+@dataclass
+class LockRow:
+    """One lock in one mode, over its waiters."""
+
+    tag: lockwait.LockTag
+    mode: int
+    ns: int = 0
+    sleeps: int = 0
+    waits: int = 0
+    max_ns: int = 0
+    waiters: dict[int, int] = field(default_factory=dict)  # pid -> ns
+
+    @property
+    def mode_name(self) -> str:
+        return lockwait.mode_name(self.mode)
+
+    def as_json(self, major: int, label: str) -> dict[str, Any]:
+        return {
+            "lock": label,
+            "locktype": self.tag.locktype(major),
+            **self.tag.columns(major),
+            "mode": lockwait.mode_name(self.mode),
+            "total_us": round(self.ns / 1000, 3),
+            "waits": self.waits,
+            "sleeps": self.sleeps,
+            "max_us": round(self.max_ns / 1000, 3),
+            "waiters": [{"pid": pid, "total_us": round(ns / 1000, 3)}
+                        for pid, ns in sorted(self.waiters.items(), key=lambda x: -x[1])],
+        }  # fmt: skip
+
+
+def by_lock(waits: Iterable[LockWait]) -> list[LockRow]:
+    """The waits summed per (lock, mode), longest total first."""
+    rows: dict[tuple[lockwait.LockTag, int], LockRow] = {}
+    for w in waits:
+        row = rows.setdefault((w.tag, w.mode), LockRow(w.tag, w.mode))
+        row.ns += w.ns
+        row.sleeps += w.sleeps
+        row.waits += w.waits
+        row.max_ns = max(row.max_ns, w.max_ns)
+        row.waiters[w.pid] = row.waiters.get(w.pid, 0) + w.ns
+    return sorted(rows.values(), key=lambda r: -r.ns)
+
+
+def label(tag: lockwait.LockTag, major: int, names: RelationNames) -> str:
+    """The lock for a DBA: the table (and block, row) it is on, the transaction, ..."""
+    kind, c = tag.locktype(major), tag.columns(major)
+    db = int(c.get("database") or 0)
+    if kind in ("relation", "extend", "page", "tuple"):
+        rel = names.relation(db, int(c.get("relation") or 0))
+        if kind == "extend":
+            return f"{rel} (extension)"
+        if kind == "page":
+            return f"{rel} (block {c['page']})"
+        return f"{rel} (block {c['page']}, row {c['tuple']})" if kind == "tuple" else rel
+    if kind == "transactionid":
+        return f"transaction {c['transactionid']}"
+    if kind == "virtualxid":
+        return f"virtual transaction {c['virtualxid']}"
+    if kind == "frozenid":
+        return f"frozen ids of {names.database(db)}"
+    if kind == "spectoken":
+        return f"speculative insertion of transaction {c['transactionid']}"
+    if kind == "advisory":
+        return f"advisory lock [{tag.field1},{tag.field2},{tag.field3},{tag.field4}]"
+    if kind == "object":
+        return f"object {c['objid']} of class {c['classid']} in {names.database(db)}"
+    return f"{kind} [{tag.field1},{tag.field2},{tag.field3},{tag.field4}]"
+
+
+def oids(waits: Iterable[LockWait], major: int) -> tuple[set[int], set[int]]:
+    """The database and relation OIDs the waits' locks name."""
+    dbs, rels = set(), set()
+    for w in waits:
+        c = w.tag.columns(major)
+        if c.get("database"):
+            dbs.add(int(c["database"] or 0))
+        if c.get("relation"):
+            rels.add(int(c["relation"] or 0))
+    return dbs, rels
