@@ -987,3 +987,23 @@ def test_wait_events_name_the_statement_with_the_most_of_it() -> None:
     # the text cut to 60 characters
     assert title.endswith(f"; {share} of it is `UPDATE pgbench_branches SET bbalance = "
                           "bbalance + $1 WHERE …` (queryid -42)"), title  # fmt: skip
+
+
+def test_lock_waits_name_the_lock_with_the_most_of_them() -> None:
+    """With the time model's Lock sleeps keyed by lock (waits.locks), a Lock family's
+    finding names the lock holding most of that family's seconds, its mode and waiters;
+    locks of other types (another family's events) are not counted."""
+    doc = load("timemodel")
+    before = one(doc, "wait.row-locks").title
+    lock = {(r["wait_event_type"], r["wait_event"]): r["total_us"] for r in doc["waits"]["rows"]}
+    family_us = lock[("Lock", "transactionid")] + lock[("Lock", "tuple")]
+    on_row = 0.6 * lock[("Lock", "tuple")]
+    doc["waits"]["locks"] = {"rows": [
+        {"lock": "public.big (block 3, row 7)", "locktype": "tuple", "mode": "ExclusiveLock",
+         "total_us": on_row, "waiters": [{"pid": 1}, {"pid": 2}]},
+        {"lock": "public.other", "locktype": "relation", "mode": "AccessExclusiveLock",
+         "total_us": 10 * family_us, "waiters": [{"pid": 3}]},
+    ]}  # fmt: skip
+    title = one(doc, "wait.row-locks").title
+    named = "public.big (block 3, row 7) (ExclusiveLock wanted, 2 sessions)"
+    assert title == f"{before}; {fmt.pct(100 * on_row / family_us)} of it on {named}", title

@@ -42,6 +42,7 @@ REPORT_SECTIONS = [
     "findings",
     "timemodel",
     "statements",
+    "locks",
     "flame",
     "lwlocks",
     "slru",
@@ -50,6 +51,7 @@ REPORT_SECTIONS = [
     "sql",
     "capture",
 ]
+EVIL_TABLE = 'public."<img src=y onerror=alert(4)>"'
 VOID = {"meta", "link", "br", "hr", "img", "input", "col", "area", "base", "wbr", "source"}
 EVIL_QUERY = (
     "SELECT '<script>alert(1)</script>' AS x, 'a&b' FROM \"t\" WHERE u = 'http://x.example/'"
@@ -509,6 +511,11 @@ def _evil_doc() -> dict[str, Any]:
             }
         ],
     }
+    doc["waits"]["locks"] = {
+        "lock_wait_us": 1e6,
+        "rows": [{"lock": EVIL_TABLE, "locktype": "relation", "mode": "AccessShareLock",
+                  "total_us": 1e6, "waits": 1, "max_us": 1e6, "waiters": [{"pid": 1}]}],
+    }  # fmt: skip
     doc["hot"]["rows"][0]["function"] = "<img src=x onerror=alert(2)>"
     doc["meta"]["host"] = 'db"><script>alert(3)</script>'
     doc["meta"]["warnings"].append("see https://wiki.example.org/page?a=1&b=<2>")
@@ -526,6 +533,7 @@ def test_strings_from_the_database_are_escaped() -> None:
     assert EVIL_QUERY in sql  # shown exactly as the server has it
     assert EVIL_QUERY in page.text("statements") and "<b>Lock:x</b>" in page.text("statements")
     assert "<b>Lock" not in text
+    assert EVIL_TABLE in page.text("locks") and "<img src=y" not in text
     assert 'db"><script>alert(3)</script>' in page.text("capture")
     assert "<img src=x onerror=alert(2)>" in page.text("cpu")
 

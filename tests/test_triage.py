@@ -275,6 +275,7 @@ def test_time_model_against_a_row_lock_and_pg_sleep(quiet: PgCluster, tmp_path: 
         with quiet.connect() as holder, quiet.connect() as sleeper:
             holder.execute("BEGIN")
             holder.execute("UPDATE hot SET v = v + 1 WHERE id = 1")
+            xid = int(holder.execute("SELECT txid_current()").fetchone()[0]) & 0xFFFFFFFF
 
             def wait_for_the_row() -> None:
                 with quiet.connect() as waiter:
@@ -318,6 +319,12 @@ def test_time_model_against_a_row_lock_and_pg_sleep(quiet: PgCluster, tmp_path: 
     assert abs(waited["transactionid"] - blocked["s"]) <= 0.02 * blocked["s"], update
     slept_there = {w["wait_event"]: w["total_us"] / 1e6 for w in sleep["waits"]}
     assert abs(slept_there["PgSleep"] - SLEEP_S) <= 0.02 * SLEEP_S, sleep
+    # ... and the lock: the holder's transaction, its seconds those of the time model
+    on_xact = [r for r in doc["waits"]["locks"]["rows"] if r["lock"] == f"transaction {xid}"]
+    assert len(on_xact) == 1 and on_xact[0]["mode"] == "ShareLock", doc["waits"]["locks"]
+    assert abs(on_xact[0]["total_us"] / 1e6 - lock) <= 1e-6, on_xact
+    assert f"of it on transaction {xid} (ShareLock wanted, 1 session)" in found[0]["title"]
     html = report.read_text()
+    assert '<section id="locks">' in html and f"transaction {xid}" in html
     assert '<section id="timemodel">' in html and "Lock:transactionid" in html
     assert '<section id="statements">' in html and "UPDATE hot SET" in html

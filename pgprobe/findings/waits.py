@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgprobe import pgversions
-from pgprobe.findings import fmt, statements, timemodel
+from pgprobe.findings import fmt, lockwaits, statements, timemodel
 from pgprobe.findings.base import Doc, Finding, at_most, rule, severity_of
 from pgprobe.findings.document import activity_samples, as_number, section
 from pgprobe.findings.timemodel import Component, TimeModel, time_model
@@ -201,7 +201,9 @@ def _exact_findings(doc: Doc, model: TimeModel) -> list[Finding]:
         ]
         share = 100 * seconds / model.active_s
         names = {(c.wait_event_type, c.wait_event) for c in events}
-        whose = statements.top_part(doc, statements.in_events(names), seconds)
+        whose = lockwaits.top_lock(doc, names, seconds) + statements.top_part(
+            doc, statements.in_events(names), seconds
+        )
         out += _family_finding(doc, key, fam, share, backends, listing, evidence, "timemodel",
                                whose)  # fmt: skip
     cpu_share = 100 * model.cpu_s / model.active_s

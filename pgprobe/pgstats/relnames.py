@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgprobe import discover
+
 _DATABASES = "SELECT oid::bigint, datname FROM pg_database WHERE oid = ANY(%s::oid[])"
 _RELATIONS = """
 SELECT c.oid::bigint, n.nspname, c.relname
@@ -54,3 +56,13 @@ def read(conn: Any, databases: Iterable[int], relations: Iterable[int]) -> Relat
             cur.execute(_RELATIONS, (rels,))
             out.relations = {int(oid): (str(s), str(n)) for oid, s, n in cur.fetchall()}
     return out
+
+
+def read_conninfo(
+    conninfo: str | None, databases: Iterable[int], relations: Iterable[int]
+) -> RelationNames:
+    """read() on a session of its own (no names, OIDs only, without a connection)."""
+    if conninfo is None:
+        return RelationNames()
+    with discover.connect_conninfo(conninfo) as conn:
+        return read(conn, databases, relations)

@@ -56,6 +56,7 @@ from typing import Any
 
 from pgprobe import __version__
 from pgprobe.render.report import sections
+from pgprobe.render.report.locks import locks_section
 from pgprobe.render.report.sql import sql
 from pgprobe.render.report.statements import statements_section
 from pgprobe.render.report.templating import Markup, asset, esc, render
@@ -75,6 +76,7 @@ NAV = [
     ("findings", "Findings"),
     ("timemodel", "Time model"),
     ("statements", "Statements"),
+    ("locks", "Lock waits"),
     ("flame", "Flame graph"),
     ("lwlocks", "LWLocks"),
     ("slru", "SLRU reads"),
@@ -101,6 +103,7 @@ def render_html(doc: Mapping[str, Any], flame_svg: str | None) -> str:
         findings=sections.findings_section(doc),
         timemodel=time_model_section(doc),
         statements=statements_section(doc),
+        locks=locks_section(doc),
         flame=sections.flame(doc, flame_svg),
         lwlocks=sections.lwlocks(doc),
         slru=sections.slru(doc),

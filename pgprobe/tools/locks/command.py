@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pgprobe import discover
 from pgprobe.discover import Targets
 from pgprobe.errors import EXIT_ENV, PgprobeError
 from pgprobe.pgstats import relnames
@@ -68,7 +67,7 @@ def run(ns: argparse.Namespace) -> int:
              if keep(p.pid)]  # fmt: skip
     model = records.model_lock_ns(procs)
     not_read = records.not_read_ns(waits, model)
-    names = _names(cluster.conninfo, waits, cluster.major)
+    names = relnames.read_conninfo(cluster.conninfo, *records.oids(waits, cluster.major))
 
     def label(tag: lockwait.LockTag) -> str:
         return records.label(tag, cluster.major, names)
@@ -105,17 +104,6 @@ def run(ns: argparse.Namespace) -> int:
                     f"{', '.join(map(str, sorted(not_read)))}) have no lock: their sleep began "
                     "before the capture and the lock could not be read then")  # fmt: skip
     return 0
-
-
-def _names(
-    conninfo: str | None, waits: list[records.LockWait], major: int
-) -> relnames.RelationNames:
-    """The databases' and relations' names (OIDs without a connection)."""
-    if conninfo is None or not waits:
-        return relnames.RelationNames()
-    dbs, rels = records.oids(waits, major)
-    with discover.connect_conninfo(conninfo) as conn:
-        return relnames.read(conn, dbs, rels)
 
 
 def _pid_row(w: records.LockWait, major: int, label: Any) -> dict[str, Any]:

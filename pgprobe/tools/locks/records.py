@@ -150,3 +150,19 @@ def oids(waits: Iterable[LockWait], major: int) -> tuple[set[int], set[int]]:
         if c.get("relation"):
             rels.add(int(c["relation"] or 0))
     return dbs, rels
+
+
+SECTION_ROWS = 20  # locks in triage's section: the longest waited on
+
+
+def section(
+    waits: list[LockWait], major: int, names: RelationNames, not_read: dict[int, int]
+) -> dict[str, Any]:
+    """triage's `locks` section (in its time model): the locks waited on longest."""
+    rows = by_lock(waits)
+    return {
+        "rows": [r.as_json(major, label(r.tag, major, names)) for r in rows[:SECTION_ROWS]],
+        "more_locks": max(len(rows) - SECTION_ROWS, 0),
+        "lock_wait_us": round(sum(w.ns for w in waits) / 1000, 3),
+        "lock_not_read_us": round(sum(not_read.values()) / 1000, 3),
+    }

@@ -27,9 +27,7 @@ PID_COLUMNS = [
 ]
 
 
-def show(
-    title: str, rows: list[LockRow], major: int, label: Callable[[Tag], str]
-) -> None:
+def show(title: str, rows: list[LockRow], major: int, label: Callable[[Tag], str]) -> None:
     cells = [{"lock": label(r.tag), "locktype": r.tag.locktype(major),
               "mode": r.mode_name, "waiters": f"{len(r.waiters):,}",
               "waits": f"{r.waits:,}", "total_s": f"{r.ns / 1e9:,.3f}",

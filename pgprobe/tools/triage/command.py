@@ -19,17 +19,18 @@ from pgprobe.discover import Targets
 from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.findings import findings_json
-from pgprobe.pgstats import statements
+from pgprobe.pgstats import relnames, statements
 from pgprobe.render import flamegraph, report
 from pgprobe.tools import common, flame, profiling
+from pgprobe.tools.locks import records as locks_records
 from pgprobe.tools.queries import records as query_records
 from pgprobe.tools.triage import parts, records, view
 from pgprobe.tools.triage.window import NAME, capture_window
-from pgprobe.tools.waits import compiled, querydim
+from pgprobe.tools.waits import compiled, lockdim, querydim
 from pgprobe.tools.waits import probe as waits_probe
 from pgprobe.tools.waits import records as waits_records
 from pgprobe.tools.waits import targets as waits_targets
-from pgprobe.waitevents import address, statement
+from pgprobe.waitevents import address, lockwait, statement
 
 DEFAULT_DURATION_S = 30.0
 
@@ -128,7 +129,8 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
     discovered = waits_targets.identities(runs_before)
     args = waits_probe.script_args(targets, where, None)
     dimension = _query_dimension(ns, targets, where)
-    capture = waits_probe.capture(ns, args, query=dimension)
+    locks = _lock_dimension(ns, targets, where)
+    capture = waits_probe.capture(ns, args, query=dimension, locks=locks)
 
     def section(snapshot: Snapshot, info: RunInfo) -> dict[str, Any]:
         slept_in = waits_targets.asleep_all_along(targets, runs_before)
@@ -153,18 +155,15 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
         describe = waits_targets.describe(targets)
         out = records.time_model_section(procs, targets.cluster.major, describe, meta)
         out["_lost"] = sum(meta["unseen_events"].values())  # counted in meta.losses
+        keep = waits_targets.counted(targets)
         if "query_ns" in snapshot.maps and dimension is not None:
-            postmaster = cluster.postmaster_pid
-            kept = set(targets.pids) if not targets.whole_cluster else None
             charged = query_records.charges(snapshot)
-
-            def keep(pid: int) -> bool:
-                return pid != postmaster and (kept is None or pid in kept)
-
             rows = query_records.statements(cluster.major, charged, keep)
             split = query_records.spanned_ns(charged, keep)
             out["statements"] = query_records.section(rows, cluster.major, end - start, split)
             out["statements"]["query_ids"] = not dimension.text_hash
+        if "lock_ns" in snapshot.maps:
+            out["locks"] = _locks_section(snapshot, procs, targets)
         return out
 
     return parts.Part("waits", capture, section, late=True)
@@ -185,6 +184,28 @@ def _query_dimension(
     except PgprobeError:
         return None
     return querydim.Dimension(found, text_hash=not ids.computed)
+
+
+def _locks_section(
+    snapshot: Snapshot, procs: list[waits_records.ProcessTime], targets: Targets
+) -> dict[str, Any]:
+    """The time model's `locks`: the locks its Lock rows waited on (pgprobe locks' rows)."""
+    cluster, keep = targets.cluster, waits_targets.counted(targets)
+    waits = locks_records.lock_waits(snapshot, keep)
+    model = locks_records.model_lock_ns(p for p in procs if keep(p.pid))
+    names = relnames.read_conninfo(cluster.conninfo, *locks_records.oids(waits, cluster.major))
+    not_read = locks_records.not_read_ns(waits, model)
+    return locks_records.section(waits, cluster.major, names, not_read)
+
+
+def _lock_dimension(
+    ns: argparse.Namespace, targets: Targets, where: address.WaitEventAddress
+) -> lockdim.Dimension | None:
+    """Each Lock sleep keyed by its lock too, where the compiled object runs."""
+    found = lockwait.find(where, targets.cluster.major)
+    if found is None or compiled.why_not(ns) is not None:
+        return None
+    return lockdim.Dimension(found)
 
 
 # The parts, the time model first (its section comes first in the report).
