@@ -202,3 +202,39 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         assert total == pytest.approx(scene.truth[pid], rel=0.02), f"{line}; {summary}"
     assert meta["lock_wait_us"] == pytest.approx(meta["lock_model_us"], abs=1.0), summary
     assert meta["lock_not_read_us"] == 0, summary
+
+
+@pytest.mark.once
+def test_interval_windows_add_up_to_the_wait(locks_cluster: PgCluster) -> None:
+    """--interval 1: a wait of ~3 s spread over windows; the windows' seconds add up to the
+    waiter's own account +- 2 %, each window's locks to its time model's Lock rows, and the
+    wait is counted once (in the window it began)."""
+    pg = locks_cluster
+    argv = [sys.executable, "-m", "pgprobe", "locks", *pg.conn_args, "-d", "6", "--interval",
+            "1", "--by", "pid", "--json"]  # fmt: skip
+    probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=CHECKOUT)  # fmt: skip
+    wait_attached(probe)
+    scene = Scene(pg)
+    try:
+        holder = scene.session()
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        waiter = scene.wait("SELECT count(*) FROM t", set())
+        time.sleep(1.5 * HOLD_S)
+        holder.execute("COMMIT")
+    finally:
+        scene.done()
+    stdout, stderr = probe.communicate(timeout=60)
+    assert not scene.errors and probe.returncode == 0, (scene.errors, stderr)
+    docs = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    assert len(docs) >= 5, stdout
+    mine = [r for d in docs for r in d["rows"] if r["pid"] == waiter]
+    total = sum(r["total_us"] for r in mine) / 1e6
+    summary = f"{total:.4f} s over {len(mine)} windows, truth {scene.truth[waiter]}: {mine}"
+    print(summary)
+    assert len(mine) >= 3, summary  # the wait spans windows
+    assert total == pytest.approx(scene.truth[waiter], rel=0.02), summary
+    assert sum(r["waits"] for r in mine) == 1, summary
+    for d in docs:
+        assert d["meta"]["lock_wait_us"] == pytest.approx(d["meta"]["lock_model_us"], abs=1.0)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from pgprobe.discover import Targets
+from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_ENV, PgprobeError
 from pgprobe.pgstats import relnames
 from pgprobe.tools import common
@@ -28,6 +29,12 @@ def add_parser(sub: Any) -> None:
     )
     common.add_tracing_arguments(parser, default_duration=10)
     parser.add_argument("--by", choices=["pid"], help="pid: one row per waiter and lock")
+    parser.add_argument(
+        "--interval",
+        type=common.positive_int,
+        metavar="N",
+        help="print a fresh table every N seconds until the duration ends",
+    )
     parser.set_defaults(run=run)
 
 
@@ -50,32 +57,44 @@ def dimension(ns: argparse.Namespace, targets: Targets) -> tuple[address.WaitEve
 
 
 def run(ns: argparse.Namespace) -> int:
+    common.check_interval(ns)
     targets = common.prepare(ns, probe.check_server)
-    cluster = targets.cluster
     where, dim = dimension(ns, targets)
-    runs_before = run_counts(watched(targets))
-    discovered = identities(runs_before)
-    capture = compiled.capture(probe.script_args(targets, where, None), ns.duration, locks=dim)
-    snapshot, info = None, None
-    for got in common.snapshots(capture, ns, "lock waits"):
-        snapshot, info = got  # the last one: the whole window
-    assert snapshot is not None and info is not None
-    is_ours = ours(targets)
-    keep = counted(targets)
-    waits = records.lock_waits(snapshot, keep)
-    procs = [p for p in waits_records.records(snapshot, present(discovered), is_ours)
-             if keep(p.pid)]  # fmt: skip
-    model = records.model_lock_ns(procs)
+    discovered = identities(run_counts(watched(targets)))
+    args = probe.script_args(targets, where, ns.interval)
+    capture = compiled.capture(args, ns.duration, locks=dim)
+    previous = None  # the maps are cumulative: each window is the difference of two
+    for snapshot, info in common.snapshots(capture, ns, "lock waits"):
+        emit(ns, targets, snapshot, info, previous, present(discovered))
+        previous = snapshot
+    return 0
+
+
+def emit(
+    ns: argparse.Namespace,
+    targets: Targets,
+    snapshot: Snapshot,
+    info: RunInfo,
+    previous: Snapshot | None,
+    alive: list[int],
+) -> None:
+    """One window's lock waits (the whole capture's, or an interval's) on stdout."""
+    cluster, keep = targets.cluster, counted(targets)
+    waits = records.since(records.lock_waits(previous, keep) if previous else [],
+                          records.lock_waits(snapshot, keep))  # fmt: skip
+    procs = waits_records.since(previous, snapshot, alive, ours(targets))
+    model = records.model_lock_ns(p for p in procs if keep(p.pid))
     not_read = records.not_read_ns(waits, model)
     names = relnames.read_conninfo(cluster.conninfo, *records.oids(waits, cluster.major))
 
     def label(tag: lockwait.LockTag) -> str:
         return records.label(tag, cluster.major, names)
 
-    start, end = waits_records.window(snapshot)
+    start, end = waits_records.window(snapshot, previous)
     rows = records.by_lock(waits)
     meta = common.meta(
         targets, info, snapshot,
+        interval=ns.interval,
         window_s=round((end - start) / 1e9, 6),
         window_unix_s=common.wall_clock(start, end),
         lock_wait_us=round(sum(w.ns for w in waits) / 1000, 3),
@@ -103,7 +122,6 @@ def run(ns: argparse.Namespace) -> int:
         common.warn(f"{sum(not_read.values()) / 1e9:.3f} s of Lock waits (pids "
                     f"{', '.join(map(str, sorted(not_read)))}) have no lock: their sleep began "
                     "before the capture and the lock could not be read then")  # fmt: skip
-    return 0
 
 
 def _pid_row(w: records.LockWait, major: int, label: Any) -> dict[str, Any]:

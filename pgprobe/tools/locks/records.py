@@ -52,6 +52,21 @@ def lock_waits(snapshot: Snapshot, keep: Callable[[int], bool]) -> list[LockWait
     return sorted(out, key=lambda w: (-w.ns, w.pid))
 
 
+def since(before: list[LockWait], now: list[LockWait]) -> list[LockWait]:
+    """The waits of a window: now's cumulative totals less before's, key by key (the
+    longest wait is the capture's so far: a maximum has no difference)."""
+    old = {(w.pid, w.tag, w.mode): w for w in before}
+    out = []
+    for w in now:
+        b = old.get((w.pid, w.tag, w.mode))
+        if b is None:
+            out.append(w)
+        elif w.ns > b.ns:
+            out.append(LockWait(w.pid, w.tag, w.mode, w.ns - b.ns, w.sleeps - b.sleeps,
+                                w.waits - b.waits, w.max_ns))  # fmt: skip
+    return out
+
+
 def model_lock_ns(procs: Iterable[ProcessTime]) -> dict[int, int]:
     """Each process's time in Lock:* wait events, by the time model."""
     out = {}
