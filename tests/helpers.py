@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,15 @@ def run_pgprobe(
         env={**os.environ, **(env or {})},
         cwd=CHECKOUT,
     )
+
+
+def stop_early(probe: subprocess.Popen[str], timeout: float = 180) -> tuple[str, str]:
+    """Ctrl-C to a running pgprobe once its scene is over: it prints what it collected
+    (the -d a test gives is then only an upper bound, for a slow machine). The window
+    is the same as one that ran out, save its length: a test's truth is its scene's own."""
+    if probe.poll() is None:
+        probe.send_signal(signal.SIGINT)
+    return probe.communicate(timeout=timeout)
 
 
 def bpftrace_child(ppid: int) -> int | None:

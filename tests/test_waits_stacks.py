@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, cluster_for, need, run_pgprobe
+from helpers import CHECKOUT, cluster_for, need, run_pgprobe, stop_early
 from test_pprof import pprof_top, raw_totals
 from test_waits import wait_attached
 
@@ -87,8 +87,8 @@ def capture(pg: PgCluster, out: Path, fmt: str) -> tuple[dict[str, Any], str]:
 
     thread = threading.Thread(target=sleeper)
     thread.start()
-    stdout, stderr = probe.communicate(timeout=120)
     thread.join()
+    stdout, stderr = stop_early(probe)
     assert probe.returncode == 0, stderr
     assert done.is_set(), "pg_sleep did not end inside the capture"
     return json.loads(stdout), stderr
@@ -238,7 +238,7 @@ def test_dwarf_off_cpu_stacks_of_a_row_lock_and_an_idle_backend(
     time.sleep(LOCK_S)
     holder.execute("COMMIT")
     thread.join()
-    stdout, stderr = probe.communicate(timeout=180)
+    stdout, stderr = stop_early(probe)
     for conn in (holder, blocked, idle):
         conn.close()
     assert probe.returncode == 0, stderr
@@ -386,7 +386,7 @@ def _svg_capture(pg: PgCluster, out: Path, *more: str) -> tuple[dict[str, Any], 
         idle.execute("SELECT 1")  # then idle in ClientRead, from a switch-out in the window
         with pg.connect() as conn:
             conn.execute(f"SELECT pg_sleep({SLEEP_S})")
-        stdout, stderr = probe.communicate(timeout=120)
+        stdout, stderr = stop_early(probe)
     finally:
         idle.close()
     assert probe.returncode == 0, stderr
