@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, cluster_for
+from helpers import CHECKOUT, cluster_for, stop_early
 from test_waits import wait_attached
 
 from pgprobe.pgbuilds import PgBuild
@@ -90,6 +90,7 @@ class Scene:
         self.watcher = self.session()
         self.truth: dict[int, float] = {}  # waiter pid -> off CPU and not runnable, s
         self.expected: dict[int, set[tuple[str, str, str]]] = {}  # pid -> (lock, type, mode)
+        self.roots: dict[int, tuple[int, int]] = {}  # waiter -> (its root, the pid ahead)
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
 
@@ -146,6 +147,7 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         holder.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
         waiter = scene.wait("SELECT count(*) FROM t",
                             {("public.t", "relation", "AccessShareLock")})  # fmt: skip
+        scene.roots[waiter] = (scene.pid(holder), scene.pid(holder))
         row = scene.watcher.execute(WAITING, (waiter,)).fetchone()
         assert row is not None
         major = int(scene.watcher.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
@@ -165,10 +167,13 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         reader = scene.session()
         reader.execute("BEGIN")
         reader.execute("SELECT * FROM m LIMIT 1")
-        scene.wait("ALTER TABLE m ADD COLUMN x int",
-                   {("public.m", "relation", "AccessExclusiveLock")})  # fmt: skip
+        alter = scene.wait("ALTER TABLE m ADD COLUMN x int",
+                           {("public.m", "relation", "AccessExclusiveLock")})  # fmt: skip
+        scene.roots[alter] = (scene.pid(reader), scene.pid(reader))
         for _ in range(3):
-            scene.wait("SELECT count(*) FROM m", {("public.m", "relation", "AccessShareLock")})
+            pid = scene.wait("SELECT count(*) FROM m",
+                             {("public.m", "relation", "AccessShareLock")})  # fmt: skip
+            scene.roots[pid] = (scene.pid(reader), alter)
         time.sleep(HOLD_S)
         reader.execute("COMMIT")
 
@@ -178,13 +183,15 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         xid = int(updater.execute("SELECT txid_current()").fetchone()[0]) & 0xFFFFFFFF  # type: ignore[index]
         updater.execute("UPDATE r SET v = v + 1 WHERE id = 1")
         update = "UPDATE r SET v = v + 1 WHERE id = 1"
-        scene.wait(update, {(f"transaction {xid}", "transactionid", "ShareLock")})
-        scene.wait(update, {("public.r (block 0, row 1)", "tuple", "ExclusiveLock")})
+        first = scene.wait(update, {(f"transaction {xid}", "transactionid", "ShareLock")})
+        second = scene.wait(update, {("public.r (block 0, row 1)", "tuple", "ExclusiveLock")})
+        scene.roots[first] = (scene.pid(updater), scene.pid(updater))
+        scene.roots[second] = (scene.pid(updater), first)
         time.sleep(HOLD_S)
         updater.execute("COMMIT")
     finally:
         scene.done()
-    stdout, stderr = probe.communicate(timeout=60)
+    stdout, stderr = stop_early(probe)
     assert not scene.errors, scene.errors
     assert probe.returncode == 0, stderr
     doc = json.loads(stdout)
@@ -202,6 +209,19 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         assert total == pytest.approx(scene.truth[pid], rel=0.02), f"{line}; {summary}"
     assert meta["lock_wait_us"] == pytest.approx(meta["lock_model_us"], abs=1.0), summary
     assert meta["lock_not_read_us"] == 0, summary
+    # The blocking trees: each waiter under its root and the pid ahead of it, the root's
+    # session idle in its transaction; a tree's seconds are its waiters' exact ones.
+    placed = {}
+    for tree in meta["blocking"]["trees"]:
+        root = tree["root"]
+        assert root["state"] == "idle in transaction", tree
+        for w in tree["waiters"]:
+            placed[w["pid"]] = (root["pid"], w["behind"])
+        waited = sum(w["waited_us"] for w in tree["waiters"])
+        assert tree["waited_us"] == pytest.approx(waited, abs=0.01), tree
+    assert placed == scene.roots, (placed, scene.roots, meta["blocking"])
+    assert len(meta["blocking"]["trees"]) == 3, meta["blocking"]
+    assert meta["blocking"]["unsampled_us"] == 0, meta["blocking"]
 
 
 @pytest.mark.once

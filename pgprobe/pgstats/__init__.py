@@ -10,7 +10,10 @@ cross-checks in one place:
 - slru.py: pg_stat_slru over exactly one probe window (SlruStats, clog-reads'
   cross-check);
 - statements.py: compute_query_id, pg_stat_statements per query id over a window, and
-  statement texts (pgprobe queries, triage's statements).
+  statement texts (pgprobe queries, triage's statements);
+- locks.py: who waits on which heavyweight lock behind whom (pg_locks and
+  pg_blocking_pids, sampled only while some backend is in a Lock wait; pgprobe locks);
+- relnames.py: database and relation names for the OIDs a lock carries.
 
 Every session is read-only (pgprobe.connection).
 """

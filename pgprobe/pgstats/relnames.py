@@ -1,7 +1,8 @@
-"""Names for the OIDs a lock carries: databases (a shared catalog, any session reads it) and
-relations (pg_class is per database: only the session's own database's can be named; a
-relation of another database keeps its OID, said as such). One read-only query each, with
-the OIDs as parameters.
+"""Names for the OIDs a lock read by the probe carries: databases (a shared catalog, any
+session reads it) and relations (pg_class is per database: only the session's own
+database's can be named; a relation of another database keeps its OID). Quoted as the SQL
+sampler quotes them (pgprobe.pgstats.locks), whose LockTarget.label() names both. One
+read-only query each, with the OIDs as parameters.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pgprobe import discover
 
 _DATABASES = "SELECT oid::bigint, datname FROM pg_database WHERE oid = ANY(%s::oid[])"
 _RELATIONS = """
-SELECT c.oid::bigint, n.nspname, c.relname
+SELECT c.oid::bigint, quote_ident(n.nspname) || '.' || quote_ident(c.relname)
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.oid = ANY(%s::oid[])
 """
@@ -27,18 +28,11 @@ class RelationNames:
 
     here: int = 0  # the session's database OID
     databases: dict[int, str] = field(default_factory=dict)
-    relations: dict[int, tuple[str, str]] = field(default_factory=dict)  # oid -> (schema, name)
+    relations: dict[int, str] = field(default_factory=dict)  # oid -> schema.name, quoted
 
-    def database(self, oid: int) -> str:
-        return self.databases.get(oid, f"database {oid}")
-
-    def relation(self, database: int, oid: int) -> str:
-        """schema.name, or the OID (and its database) when it cannot be named from here."""
-        if database in (self.here, 0) and oid in self.relations:
-            schema, name = self.relations[oid]
-            return f"{schema}.{name}"
-        where = f" in {self.database(database)}" if database not in (self.here, 0) else ""
-        return f"relation {oid}{where}"
+    def relname(self, oid: int) -> str | None:
+        """schema.name of a relation of the session's database (None: not found)."""
+        return self.relations.get(oid)
 
 
 def read(conn: Any, databases: Iterable[int], relations: Iterable[int]) -> RelationNames:
@@ -54,7 +48,7 @@ def read(conn: Any, databases: Iterable[int], relations: Iterable[int]) -> Relat
         rels = sorted({int(r) for r in relations})
         if rels:
             cur.execute(_RELATIONS, (rels,))
-            out.relations = {int(oid): (str(s), str(n)) for oid, s, n in cur.fetchall()}
+            out.relations = {int(oid): str(name) for oid, name in cur.fetchall()}
     return out
 
 

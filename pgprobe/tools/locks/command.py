@@ -9,14 +9,16 @@ from pgprobe.discover import Targets
 from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_ENV, PgprobeError
 from pgprobe.pgstats import relnames
+from pgprobe.pgstats.locks import LockSampler, Sample
 from pgprobe.tools import common
-from pgprobe.tools.locks import records, view
+from pgprobe.tools.locks import records, trees, view
 from pgprobe.tools.waits import compiled, lockdim, probe
 from pgprobe.tools.waits import records as waits_records
 from pgprobe.tools.waits.targets import counted, identities, ours, present, run_counts, watched
 from pgprobe.waitevents import address, lockwait
 
 NAME = "locks"
+TEXT_WIDTH = 60  # characters of a statement's text in the trees
 
 
 def add_parser(sub: Any) -> None:
@@ -63,10 +65,22 @@ def run(ns: argparse.Namespace) -> int:
     discovered = identities(run_counts(watched(targets)))
     args = probe.script_args(targets, where, ns.interval)
     capture = compiled.capture(args, ns.duration, locks=dim)
+    conninfo = targets.cluster.conninfo
+    sampler = LockSampler(conninfo) if conninfo is not None else None
     previous = None  # the maps are cumulative: each window is the difference of two
-    for snapshot, info in common.snapshots(capture, ns, "lock waits"):
-        emit(ns, targets, snapshot, info, previous, present(discovered))
-        previous = snapshot
+    used = 0  # the samples of the windows before
+    try:
+        for snapshot, info in common.snapshots(capture, ns, "lock waits",
+                                               sampler.start if sampler else None):  # fmt: skip
+            samples = sampler.samples[used:] if sampler else []
+            used += len(samples)
+            emit(ns, targets, snapshot, info, previous, present(discovered), samples)
+            previous = snapshot
+    finally:
+        if sampler is not None and sampler.is_alive():
+            sampler.stop()
+    if sampler is not None and sampler.error:
+        common.warn(sampler.error)
     return 0
 
 
@@ -77,6 +91,7 @@ def emit(
     info: RunInfo,
     previous: Snapshot | None,
     alive: list[int],
+    samples: list[Sample],
 ) -> None:
     """One window's lock waits (the whole capture's, or an interval's) on stdout."""
     cluster, keep = targets.cluster, counted(targets)
@@ -92,6 +107,8 @@ def emit(
 
     start, end = waits_records.window(snapshot, previous)
     rows = records.by_lock(waits)
+    blocking = trees.window_trees(samples, waits)
+    lock_of = {w.pid: (label(w.tag), w.mode_name) for w in reversed(waits)}  # the longest
     meta = common.meta(
         targets, info, snapshot,
         interval=ns.interval,
@@ -101,6 +118,7 @@ def emit(
         lock_model_us=round(sum(model.values()) / 1000, 3),
         lock_not_read_us=round(sum(not_read.values()) / 1000, 3),
         lock_not_read_pids=sorted(not_read),
+        blocking=trees.as_json(blocking, lock_of),
     )  # fmt: skip
     if ns.json:
         if ns.by == "pid":
@@ -117,7 +135,16 @@ def emit(
                              lambda pid: targets.describe(pid).application_name)  # fmt: skip
         else:
             view.show(title, rows, cluster.major, label)
+        if waits:
+            print()
+            view.show_trees(f"Blocking trees ({blocking.samples} samples of pg_locks with "
+                            "waiters; each waiter under the root it was seen behind most)",
+                            blocking, lock_of, TEXT_WIDTH)  # fmt: skip
     common.print_losses(info)
+    if blocking.unsampled_ns:
+        common.warn(f"{blocking.unsampled_ns / 1e9:.3f} s of lock waits (pids "
+                    f"{', '.join(map(str, blocking.unsampled_pids))}) ended between two "
+                    "samples of pg_locks: who blocked them is not known", "note")  # fmt: skip
     if not_read:
         common.warn(f"{sum(not_read.values()) / 1e9:.3f} s of Lock waits (pids "
                     f"{', '.join(map(str, sorted(not_read)))}) have no lock: their sleep began "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgprobe.engines.base import Snapshot
+from pgprobe.pgstats.locks import LockTarget
 from pgprobe.pgstats.relnames import RelationNames
 from pgprobe.tools.waits.records import ProcessTime
 from pgprobe.waitevents import lockwait
@@ -130,29 +131,20 @@ def by_lock(waits: Iterable[LockWait]) -> list[LockRow]:
 
 
 def label(tag: lockwait.LockTag, major: int, names: RelationNames) -> str:
-    """The lock for a DBA: the table (and block, row) it is on, the transaction, ..."""
-    kind, c = tag.locktype(major), tag.columns(major)
-    db = int(c.get("database") or 0)
-    if kind in ("relation", "extend", "page", "tuple"):
-        rel = names.relation(db, int(c.get("relation") or 0))
-        if kind == "extend":
-            return f"{rel} (extension)"
-        if kind == "page":
-            return f"{rel} (block {c['page']})"
-        return f"{rel} (block {c['page']}, row {c['tuple']})" if kind == "tuple" else rel
-    if kind == "transactionid":
-        return f"transaction {c['transactionid']}"
-    if kind == "virtualxid":
-        return f"virtual transaction {c['virtualxid']}"
-    if kind == "frozenid":
-        return f"frozen ids of {names.database(db)}"
-    if kind == "spectoken":
-        return f"speculative insertion of transaction {c['transactionid']}"
-    if kind == "advisory":
-        return f"advisory lock [{tag.field1},{tag.field2},{tag.field3},{tag.field4}]"
-    if kind == "object":
-        return f"object {c['objid']} of class {c['classid']} in {names.database(db)}"
-    return f"{kind} [{tag.field1},{tag.field2},{tag.field3},{tag.field4}]"
+    """The lock for a DBA, as the SQL sampler names the locks it sees (LockTarget.label):
+    the table (and block, row) it is on, the transaction, ..."""
+    return target(tag, major, names).label()
+
+
+def target(tag: lockwait.LockTag, major: int, names: RelationNames) -> LockTarget:
+    """The lock as pg_locks gives it (pgprobe.pgstats.locks), its names resolved."""
+    columns = tag.columns(major)
+    db = int(columns.get("database") or 0)
+    rel = int(columns.get("relation") or 0)
+    local = db in (0, names.here)
+    return LockTarget(locktype=tag.locktype(major), **columns,  # type: ignore[arg-type]
+                      local=local, relname=names.relname(rel) if local and rel else None,
+                      datname=names.databases.get(db))  # fmt: skip
 
 
 def oids(waits: Iterable[LockWait], major: int) -> tuple[set[int], set[int]]:
