@@ -81,6 +81,16 @@ def until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     pytest.fail(f"not within {timeout} s: {what}")
 
 
+def start_locks(pg: PgCluster, *more: str) -> subprocess.Popen[str]:
+    """`pgprobe locks --by pid --json`, attached (its window has begun)."""
+    argv = [sys.executable, "-m", "pgprobe", "locks", *pg.conn_args, "--by", "pid", "--json",
+            *more]  # fmt: skip
+    probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=CHECKOUT)  # fmt: skip
+    wait_attached(probe)
+    return probe
+
+
 class Scene:
     """Sessions of one capture: holders, and waiters whose statements run in timed()."""
 
@@ -134,12 +144,7 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
     locks_cluster: PgCluster, pg_build: PgBuild
 ) -> None:
     pg = locks_cluster
-    argv = [sys.executable, "-m", "pgprobe", "locks", *pg.conn_args, "-d", "14", "--by", "pid",
-            "--json"]  # fmt: skip
-    probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=CHECKOUT)  # fmt: skip
-    wait_attached(probe)
-    scene = Scene(pg)
+    probe, scene = start_locks(pg, "-d", "14"), Scene(pg)
     try:
         # 1. a table lock; the waiter's lock read from its memory against pg_locks
         holder = scene.session()
@@ -230,12 +235,7 @@ def test_interval_windows_add_up_to_the_wait(locks_cluster: PgCluster) -> None:
     waiter's own account +- 2 %, each window's locks to its time model's Lock rows, and the
     wait is counted once (in the window it began)."""
     pg = locks_cluster
-    argv = [sys.executable, "-m", "pgprobe", "locks", *pg.conn_args, "-d", "6", "--interval",
-            "1", "--by", "pid", "--json"]  # fmt: skip
-    probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=CHECKOUT)  # fmt: skip
-    wait_attached(probe)
-    scene = Scene(pg)
+    probe, scene = start_locks(pg, "-d", "6", "--interval", "1"), Scene(pg)
     try:
         holder = scene.session()
         holder.execute("BEGIN")

@@ -9,24 +9,16 @@ from pgprobe.render import table
 from pgprobe.tools.locks.records import LockRow, LockWait, Tag
 from pgprobe.tools.locks.trees import Trees
 
-COLUMNS = [
-    table.Column("lock", "LOCK"),
-    table.Column("locktype", "TYPE"),
-    table.Column("mode", "MODE WANTED"),
-    table.Column("waiters", "WAITERS", numeric=True),
+LOCK, MODE = table.Column("lock", "LOCK"), table.Column("mode", "MODE WANTED")
+TIMES = [
     table.Column("waits", "WAITS", numeric=True),
     table.Column("total_s", "TOTAL s", numeric=True),
     table.Column("max_s", "MAX s", numeric=True),
 ]
-PID_COLUMNS = [
-    table.Column("pid", "PID", numeric=True),
-    table.Column("application_name", "APPLICATION"),
-    table.Column("lock", "LOCK"),
-    table.Column("mode", "MODE WANTED"),
-    table.Column("waits", "WAITS", numeric=True),
-    table.Column("total_s", "TOTAL s", numeric=True),
-    table.Column("max_s", "MAX s", numeric=True),
-]
+COLUMNS = [LOCK, table.Column("locktype", "TYPE"), MODE,
+           table.Column("waiters", "WAITERS", numeric=True), *TIMES]  # fmt: skip
+PID_COLUMNS = [table.Column("pid", "PID", numeric=True),
+               table.Column("application_name", "APPLICATION"), LOCK, MODE, *TIMES]  # fmt: skip
 
 
 def show(title: str, rows: list[LockRow], major: int, label: Callable[[Tag], str]) -> None:

@@ -10,9 +10,10 @@ wheel: pgprobe/bpf/build/), and this kernel loads it (raw BTF tracepoints and ta
 Linux 5.13+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line.
 `--engine bpftrace` asks for the script.
 
-Kept in one module (~400 lines) because the @task layout, the seed that writes it and the
+Kept in one module (~470 lines) because the @task layout, the seed that writes it and the
 reads that close its open intervals must agree field by field with bpf/waits.bpf.c; the
-query dimension's own part of that (its fields, charges and map) is querydim.py."""
+query and lock dimensions' own parts of that (their fields, charges and maps) are
+querydim.py and lockdim.py."""
 
 from __future__ import annotations
 
