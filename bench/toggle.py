@@ -1,7 +1,7 @@
 """The compiled time model's cost on the server, fine enough to tell 0.98 from 0.985 (issue 14).
 
     python -m bench.toggle [--workload select|tpcb|many] [--protocol simple|extended|prepared]
-                           [--minutes 10] [--window 1] [--no-floor] [--queries]
+                           [--minutes 10] [--window 1] [--no-floor] [--queries] [--locks]
                            [--cost-rounds 1] [--object OTHER.bpf.o ...] [--json FILE]
 
 Why a method of its own. The main bench (bench/overhead.py) starts `pgprobe waits` for
@@ -30,6 +30,11 @@ once per capture) is not in these windows. Then one window each with the kernel'
 statistics on (they cost two clock reads per run, so the TPS windows run without them):
 fires/s of sched_switch and BPF ns per fire, every program's time (on_recv's too) over
 those fires (--cost-rounds N: N such rounds, the variants in turn; the medians).
+
+With --locks, the same object loaded once more with the lock dimension on as well
+("waits+locks": the globals of `pgprobe locks`, lockwait.LockAddress: each Lock sleep keyed
+by its lock), and the report adds waits+locks against the time model without it, and the
+Lock sleeps it charged to a lock (the reads it made).
 
 With --queries the cluster runs with query ids, as a server `pgprobe queries` keys by id
 does: shared_preload_libraries = 'pg_stat_statements' and compute_query_id = on (without
@@ -65,13 +70,13 @@ from bench.overhead import Pgbench
 from pgprobe import discover
 from pgprobe.engines.libbpf import BpfObject
 from pgprobe.sandbox import PgCluster
-from pgprobe.tools.waits import compiled, probe, querydim
-from pgprobe.waitevents import address, statement
+from pgprobe.tools.waits import compiled, lockdim, probe, querydim
+from pgprobe.waitevents import address, lockwait, statement
 
 HERE = Path(__file__).resolve().parent
 EMPTY = HERE / "build" / "sched_empty.bpf.o"
-NONE, FLOOR, WAITS, QUERIES = "none", "empty", "waits", "waits+queries"
-VARIANTS = (NONE, FLOOR, WAITS, QUERIES)
+NONE, FLOOR, WAITS, QUERIES, LOCKS = "none", "empty", "waits", "waits+queries", "waits+locks"
+VARIANTS = (NONE, FLOOR, WAITS, QUERIES, LOCKS)
 QUERY_ID_SETTINGS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on"}
 BUDGET = 0.98  # issue 14: TPS ratio of `pgprobe waits`
 WARMUP_S = 10
@@ -112,6 +117,7 @@ class Result:
     # waits+queries: ns of @query_ns's CPU time keyed by a query id, and in all (run's end)
     query_ns_with_id: int = 0
     query_ns_total: int = 0
+    lock_sleeps: int = 0  # waits+locks: Lock sleeps charged to a lock, over the run
 
     def interval(self, variant: str, base: str = NONE) -> stats.Interval | None:
         ratios = [r for b in self.blocks if (r := b.ratio(variant, base)) is not None]
@@ -122,7 +128,7 @@ class Result:
         out["intervals"] = {
             f"{v}/{base}": {"mean": i.mean, "low": i.low, "high": i.high, "n": i.n}
             for v in {v for b in self.blocks for v in b.order} - {NONE}
-            for base in (NONE, FLOOR, WAITS, QUERIES)
+            for base in (NONE, FLOOR, WAITS, QUERIES, LOCKS)
             if v != base and (i := self.interval(v, base)) is not None
         }
         return out
@@ -136,15 +142,21 @@ def build_floor() -> None:
 
 
 def waits_rodata(
-    cluster: PgCluster, queries: bool = False
+    cluster: PgCluster, queries: bool = False, locks: bool = False
 ) -> tuple[dict[str, int], dict[str, int]]:
     """The time model's globals as `pgprobe waits` sets them for the whole cluster; with
     `queries`, also the query dimension's as `pgprobe queries` sets them on a server with
-    query ids (text_hash 0), else {}."""
+    query ids (text_hash 0); with `locks`, the lock dimension's as `pgprobe locks` sets
+    them; else {}."""
     options = discover.ConnOptions(host=str(cluster.root), port=cluster.port, user="postgres")
     targets = discover.discover(options, discover.Filters())
     where = address.find(targets.cluster.postmaster_pid, targets.cluster.binary)
     waits = compiled.rodata(probe.script_args(targets, where, None))
+    if locks:
+        found_lock = lockwait.find(where, targets.cluster.major)
+        if found_lock is None:
+            raise SystemExit(f"bench.toggle: no MyProc offsets for {targets.cluster.major}")
+        return waits, lockdim.Dimension(found_lock).rodata()
     if not queries:
         return waits, {}
     found = statement.address_of(where, targets.cluster.major)
@@ -273,6 +285,7 @@ def measure(
     queries: bool = False,
     protocol: str = "simple",
     cost_rounds: int = 1,
+    locks: bool = False,
 ) -> Result:
     """The blocks and the costs; `others`: more builds of the time model (a change to
     bpf/waits.bpf.c, say) as variants of their own, named by their files; without
@@ -297,6 +310,9 @@ def measure(
         objects[WAITS] = BpfObject(path, rodata, compiled.QUERY_PROGRAMS)  # as `pgprobe waits`
         if queries:
             objects[QUERIES] = BpfObject(path, {**rodata, **query_rodata})
+        if locks:  # as `pgprobe locks`
+            lock_rodata = waits_rodata(cluster, locks=True)[1]
+            objects[LOCKS] = BpfObject(path, {**rodata, **lock_rodata}, compiled.QUERY_PROGRAMS)
         # with --queries, another build is one of the query dimension's (loaded as such)
         other = {**rodata, **query_rodata} if queries else rodata
         off = frozenset() if queries else compiled.QUERY_PROGRAMS
@@ -314,6 +330,8 @@ def measure(
             measure_costs(switch, result, cost_rounds)
             if queries:
                 count_query_ns(objects[QUERIES], result, cluster)
+            if locks:
+                result.lock_sleeps = sum(v[1] for v in lockdim.read_map(objects[LOCKS]).values())
         finally:
             switch.to(NONE)
             bench.stop()
@@ -329,7 +347,8 @@ def report(result: Result) -> str:
              f"{common.median(result.untraced_tps) or 0:,.0f} tps (median); "
              f"{result.late_windows} windows left out (swapped late)"]  # fmt: skip
     others = sorted({v for b in result.blocks for v in b.order} - set(VARIANTS))
-    pairs = [(FLOOR, NONE), (WAITS, NONE), (WAITS, FLOOR), (QUERIES, NONE), (QUERIES, WAITS)]
+    pairs = [(FLOOR, NONE), (WAITS, NONE), (WAITS, FLOOR), (QUERIES, NONE), (QUERIES, WAITS),
+             (LOCKS, NONE), (LOCKS, WAITS)]  # fmt: skip
     pairs += [p for o in others for p in ((o, NONE), (o, WAITS))]
     for variant, base in pairs:
         i = result.interval(variant, base)
@@ -340,6 +359,9 @@ def report(result: Result) -> str:
     if result.query_ns_total:
         share = result.query_ns_with_id / result.query_ns_total
         lines.append(f"  waits+queries: {share:.1%} of @query_ns's CPU time keyed by a query id")
+    if result.lock_sleeps:
+        lines.append(f"  waits+locks: {result.lock_sleeps:,} Lock sleeps charged to a lock "
+                     "(the wait under way in each task's entry not counted)")  # fmt: skip
     for variant, c in result.costs.items():
         rounds = result.cost_rounds.get(variant, [])
         if len(rounds) > 1:
@@ -372,6 +394,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--queries", action="store_true",
                         help="also the time model with the query dimension (waits+queries), "
                         "on a cluster with query ids")  # fmt: skip
+    parser.add_argument(
+        "--locks",
+        action="store_true",
+        help="also the time model with its lock dimension (waits+locks)",
+    )
     parser.add_argument("--no-floor", action="store_true",
                         help="no empty program: pairs of nothing and the time model")  # fmt: skip
     ns = parser.parse_args(argv)
@@ -383,7 +410,7 @@ def main(argv: list[str]) -> int:
     seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1 << 31)
     result = measure(ns.workload, ns.minutes, ns.window, ns.scale, seed, ns.object,
                      floor=not ns.no_floor, queries=ns.queries, protocol=ns.protocol,
-                     cost_rounds=ns.cost_rounds)  # fmt: skip
+                     cost_rounds=ns.cost_rounds, locks=ns.locks)  # fmt: skip
     print(report(result))
     if ns.json:
         ns.json.write_text(json.dumps(result.as_json(), indent=1) + "\n")

@@ -1007,3 +1007,29 @@ def test_lock_waits_name_the_lock_with_the_most_of_them() -> None:
     title = one(doc, "wait.row-locks").title
     named = "public.big (block 3, row 7) (ExclusiveLock wanted, 2 sessions)"
     assert title == f"{before}; {fmt.pct(100 * on_row / family_us)} of it on {named}", title
+
+
+def test_lock_waits_name_the_root_blocker_of_the_lock() -> None:
+    """With the blocking trees (waits.locks.blocking), the lock's phrase ends with the root
+    blocker whose tree held most of that lock's waiters' time: its pid, state, transaction
+    age and statement (cut); a tree of other waiters does not count."""
+    doc = load("timemodel")
+    before = one(doc, "wait.row-locks").title
+    lock = {(r["wait_event_type"], r["wait_event"]): r["total_us"] for r in doc["waits"]["rows"]}
+    on_row = 0.6 * lock[("Lock", "tuple")]
+    waiter = {"pid": 11, "total_us": on_row}
+    doc["waits"]["locks"] = {
+        "rows": [{"lock": "public.big (block 3, row 7)", "locktype": "tuple",
+                  "mode": "ExclusiveLock", "total_us": on_row, "waiters": [waiter]}],
+        "blocking": {"trees": [
+            {"root": {"pid": 9, "state": "active", "xact_age_s": 1.0, "query": "SELECT 9"},
+             "waiters": [{"pid": 99, "waited_us": 10 * on_row}]},
+            {"root": {"pid": 7, "state": "idle in transaction", "xact_age_s": 192.4,
+                      "query": "UPDATE big SET v = v + 1 WHERE id = 7"},
+             "waiters": [{"pid": 11, "waited_us": on_row}]},
+        ]},
+    }  # fmt: skip
+    title = one(doc, "wait.row-locks").title
+    assert title.startswith(before) and title.endswith(
+        "(ExclusiveLock wanted, 1 session) behind pid 7 (idle in transaction, transaction "
+        "open 192.4 s: `UPDATE big SET v = v + 1 WHERE id = 7`)"), title  # fmt: skip

@@ -28,6 +28,7 @@ from helpers import cluster_for
 
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.pgstats.locks import (
+    MAX_DUTY,
     LockSampler,
     LockTarget,
     Sample,
@@ -36,7 +37,10 @@ from pgprobe.pgstats.locks import (
 )
 from pgprobe.sandbox import PgCluster
 
-STATEMENTS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on"}
+# room for LARGE_TABLE locks in the shared lock table (max_locks_per_transaction x backends)
+STATEMENTS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on",
+              "max_locks_per_transaction": "256"}  # fmt: skip
+LARGE_TABLE = 20000
 # A test session never hangs the suite: a wait left behind by a failed test ends here.
 SESSION_OPTIONS = "-c statement_timeout=120s -c lock_timeout=120s"
 DEADLINE_S = 60
@@ -294,6 +298,33 @@ def test_no_waits_no_pg_locks(pg: PgCluster, clients: Clients) -> None:
     assert all(waiter(s, b).blocking_pids == (a,) for s in busy.samples)
     # B waited throughout: each sample read pg_locks, once
     assert statement_calls(pg) == (len(busy.samples), len(busy.samples))
+
+
+@pytest.mark.once
+def test_a_costly_sample_spaces_the_next_ones_out(pg: PgCluster, clients: Clients) -> None:
+    """With 20,000 locks in the table each read of pg_locks takes tens of ms: asked for a
+    sample every 0.1 s, the sampler waits its sample's time / MAX_DUTY before the next, so
+    that its pg_locks statements take at most MAX_DUTY of the time (their time by the
+    server's own count, pg_stat_statements; every 0.1 s they would take a fifth or more)."""
+    clients.hold(f"SELECT count(pg_advisory_xact_lock(g)) FROM generate_series(1, {LARGE_TABLE}) g")
+    clients.block("SELECT pg_advisory_lock(1)", "advisory")
+    pg.sql("SELECT pg_stat_statements_reset()")
+    costly = LockSampler(pg.conninfo, interval=0.1)
+    started = time.monotonic()
+    costly.start()
+    time.sleep(4)
+    costly.stop()
+    elapsed = time.monotonic() - started
+    query = (b"SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0)"
+             b" FROM pg_stat_statements WHERE query LIKE %s")  # fmt: skip
+    with pg.connect() as conn:
+        row = conn.execute(query, ("%pg_locks%",)).fetchone()
+    assert row is not None and costly.error is None, costly.error
+    calls, spent_s = int(str(row[0])), float(str(row[1])) / 1000
+    print(f"{calls} reads of pg_locks, {spent_s * 1000:.1f} ms in {elapsed:.2f} s")
+    assert calls >= 1 and spent_s / calls > 0.005, (calls, spent_s)  # costly indeed
+    # the last read's own time is not followed by its pause within the elapsed time
+    assert spent_s <= MAX_DUTY * elapsed + spent_s / calls, (calls, spent_s, elapsed)
 
 
 @pytest.mark.once

@@ -515,6 +515,10 @@ def _evil_doc() -> dict[str, Any]:
         "lock_wait_us": 1e6,
         "rows": [{"lock": EVIL_TABLE, "locktype": "relation", "mode": "AccessShareLock",
                   "total_us": 1e6, "waits": 1, "max_us": 1e6, "waiters": [{"pid": 1}]}],
+        "blocking": {"trees": [{"root": {"pid": 2, "state": "idle in transaction",
+                                         "query": EVIL_QUERY}, "waited_us": 1e6,
+                                "waiters": [{"pid": 1, "behind": 2, "lock": EVIL_TABLE,
+                                             "waited_us": 1e6}]}]},
     }  # fmt: skip
     doc["hot"]["rows"][0]["function"] = "<img src=x onerror=alert(2)>"
     doc["meta"]["host"] = 'db"><script>alert(3)</script>'
@@ -534,6 +538,7 @@ def test_strings_from_the_database_are_escaped() -> None:
     assert EVIL_QUERY in page.text("statements") and "<b>Lock:x</b>" in page.text("statements")
     assert "<b>Lock" not in text
     assert EVIL_TABLE in page.text("locks") and "<img src=y" not in text
+    assert EVIL_QUERY in page.text("locks") and "root of 1 waiting" in page.text("locks")
     assert 'db"><script>alert(3)</script>' in page.text("capture")
     assert "<img src=x onerror=alert(2)>" in page.text("cpu")
 

@@ -280,6 +280,7 @@ def test_time_model_against_a_row_lock_and_pg_sleep(quiet: PgCluster, tmp_path: 
             holder.execute("BEGIN")
             holder.execute("UPDATE hot SET v = v + 1 WHERE id = 1")
             xid = int(holder.execute("SELECT txid_current()").fetchone()[0]) & 0xFFFFFFFF
+            holder_pid = int(holder.execute("SELECT pg_backend_pid()").fetchone()[0])
 
             def wait_for_the_row() -> None:
                 with quiet.connect() as waiter:
@@ -331,8 +332,12 @@ def test_time_model_against_a_row_lock_and_pg_sleep(quiet: PgCluster, tmp_path: 
     on_xact = [r for r in doc["waits"]["locks"]["rows"] if r["lock"] == f"transaction {xid}"]
     assert len(on_xact) == 1 and on_xact[0]["mode"] == "ShareLock", doc["waits"]["locks"]
     assert abs(on_xact[0]["total_us"] / 1e6 - lock) <= 1e-6, on_xact
-    assert f"of it on transaction {xid} (ShareLock wanted, 1 session)" in found[0]["title"]
+    assert (f"of it on transaction {xid} (ShareLock wanted, 1 session) behind pid {holder_pid} "
+            "(idle in transaction") in found[0]["title"], found  # fmt: skip
+    trees = doc["waits"]["locks"]["blocking"]["trees"]
+    assert [t["root"]["pid"] for t in trees] == [holder_pid], trees
     html = report.read_text()
     assert '<section id="locks">' in html and f"transaction {xid}" in html
+    assert f"pid {holder_pid}" in html and "Blocking trees" in html
     assert '<section id="timemodel">' in html and "Lock:transactionid" in html
     assert '<section id="statements">' in html and "UPDATE hot SET" in html

@@ -19,6 +19,16 @@ COLS = [
     Col("total_s", "Total s", "dec"),
     Col("max_s", "Longest s", "dec"),
 ]
+TREE_COLS = [
+    Col("pid", "Session", "code"),
+    Col("state", "State"),
+    Col("xact_s", "Transaction age s", "dec"),
+    Col("waited_s", "Waited s", "dec"),
+    Col("lock", "Lock", "code"),
+    Col("mode", "Mode wanted"),
+    Col("application_name", "Application"),
+    Col("query", "Statement", "query"),
+]
 NOT_KEYED = (
     "the time model's Lock waits were not keyed by lock (it needs the compiled time model, "
     "bpf/build/waits.bpf.o, and PostgreSQL 14+)"
@@ -37,13 +47,41 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _tree_rows(blocking: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each root blocker, then the waiters behind it (the pid each waited behind)."""
+    out = []
+    for tree in blocking.get("trees") or []:
+        if not isinstance(tree, dict) or not isinstance(tree.get("root"), dict):
+            continue
+        root = tree["root"]
+        waiters = [w for w in tree.get("waiters") or [] if isinstance(w, dict)]
+        out.append({"pid": f"pid {root.get('pid')}", "state": root.get("state"),
+                    "xact_s": root.get("xact_age_s"), "waited_s": num(tree.get("waited_us")) / 1e6,
+                    "lock": f"root of {len(waiters)} waiting", "mode": "",
+                    "application_name": root.get("application_name"),
+                    "query": root.get("query")})  # fmt: skip
+        for w in waiters:
+            out.append({"pid": f"└ pid {w.get('pid')} behind {w.get('behind')}",
+                        "state": w.get("state"), "xact_s": w.get("xact_age_s"),
+                        "waited_s": num(w.get("waited_us")) / 1e6, "lock": w.get("lock"),
+                        "mode": w.get("mode"), "application_name": w.get("application_name"),
+                        "query": w.get("query")})  # fmt: skip
+    return out
+
+
 def locks_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     waits = section(doc, "waits")
     part = waits.get("locks") if waits is not None else None
     if not isinstance(part, dict):
         return {"unavailable": NOT_KEYED}
     rows = [r for r in part.get("rows") or [] if isinstance(r, dict)]
+    blocking = part.get("blocking") if isinstance(part.get("blocking"), dict) else None
     return {
+        "trees": table(
+            TREE_COLS, _tree_rows(blocking), empty="no session waited behind another in the samples"
+        )
+        if blocking is not None
+        else None,  # fmt: skip
         "unavailable": None,
         "total_s": f"{num(part.get('lock_wait_us')) / 1e6:,.3f}",
         "not_read_s": f"{num(part.get('lock_not_read_us')) / 1e6:,.3f}",

@@ -108,7 +108,7 @@ def emit(
     start, end = waits_records.window(snapshot, previous)
     rows = records.by_lock(waits)
     blocking = trees.window_trees(samples, waits)
-    lock_of = {w.pid: (label(w.tag), w.mode_name) for w in reversed(waits)}  # the longest
+    lock_of = records.lock_of(waits, label)
     meta = common.meta(
         targets, info, snapshot,
         interval=ns.interval,

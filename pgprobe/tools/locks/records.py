@@ -162,12 +162,27 @@ def oids(waits: Iterable[LockWait], major: int) -> tuple[set[int], set[int]]:
 SECTION_ROWS = 20  # locks in triage's section: the longest waited on
 
 
+def lock_of(waits: Iterable[LockWait], label: Callable[[Tag], str]) -> dict[int, tuple[str, str]]:
+    """Each waiter's lock (the one it waited on longest) and mode, named."""
+    out: dict[int, tuple[str, str, int]] = {}
+    for w in waits:
+        if w.pid not in out or w.ns > out[w.pid][2]:
+            out[w.pid] = (label(w.tag), w.mode_name, w.ns)
+    return {pid: (lock, mode) for pid, (lock, mode, _) in out.items()}
+
+
 def section(
-    waits: list[LockWait], major: int, names: RelationNames, not_read: dict[int, int]
+    waits: list[LockWait],
+    major: int,
+    names: RelationNames,
+    not_read: dict[int, int],
+    blocking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """triage's `locks` section (in its time model): the locks waited on longest."""
+    """triage's `locks` section (in its time model): the locks waited on longest, and the
+    blocking trees (pgprobe locks' meta.blocking) when the sampler ran."""
     rows = by_lock(waits)
     return {
+        **({"blocking": blocking} if blocking is not None else {}),
         "rows": [r.as_json(major, label(r.tag, major, names)) for r in rows[:SECTION_ROWS]],
         "more_locks": max(len(rows) - SECTION_ROWS, 0),
         "lock_wait_us": round(sum(w.ns for w in waits) / 1000, 3),

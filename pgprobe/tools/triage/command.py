@@ -20,9 +20,11 @@ from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.findings import findings_json
 from pgprobe.pgstats import relnames, statements
+from pgprobe.pgstats.locks import LockSampler
 from pgprobe.render import flamegraph, report
 from pgprobe.tools import common, flame, profiling
 from pgprobe.tools.locks import records as locks_records
+from pgprobe.tools.locks import trees as locks_trees
 from pgprobe.tools.queries import records as query_records
 from pgprobe.tools.triage import parts, records, view
 from pgprobe.tools.triage.window import NAME, capture_window
@@ -131,6 +133,10 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
     dimension = _query_dimension(ns, targets, where)
     locks = _lock_dimension(ns, targets, where)
     capture = waits_probe.capture(ns, args, query=dimension, locks=locks)
+    # who blocked whom: pg_locks sampled while someone waits, from now to the section
+    sampler = LockSampler(cluster.conninfo) if locks and cluster.conninfo else None
+    if sampler is not None:
+        sampler.start()
 
     def section(snapshot: Snapshot, info: RunInfo) -> dict[str, Any]:
         slept_in = waits_targets.asleep_all_along(targets, runs_before)
@@ -163,7 +169,7 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
             out["statements"] = query_records.section(rows, cluster.major, end - start, split)
             out["statements"]["query_ids"] = not dimension.text_hash
         if "lock_ns" in snapshot.maps:
-            out["locks"] = _locks_section(snapshot, procs, targets)
+            out["locks"] = _locks_section(snapshot, procs, targets, sampler)
         return out
 
     return parts.Part("waits", capture, section, late=True)
@@ -187,15 +193,26 @@ def _query_dimension(
 
 
 def _locks_section(
-    snapshot: Snapshot, procs: list[waits_records.ProcessTime], targets: Targets
+    snapshot: Snapshot,
+    procs: list[waits_records.ProcessTime],
+    targets: Targets,
+    sampler: LockSampler | None,
 ) -> dict[str, Any]:
-    """The time model's `locks`: the locks its Lock rows waited on (pgprobe locks' rows)."""
+    """The time model's `locks`: the locks its Lock rows waited on and the blocking trees
+    (pgprobe locks' rows and meta.blocking)."""
     cluster, keep = targets.cluster, waits_targets.counted(targets)
     waits = locks_records.lock_waits(snapshot, keep)
     model = locks_records.model_lock_ns(p for p in procs if keep(p.pid))
     names = relnames.read_conninfo(cluster.conninfo, *locks_records.oids(waits, cluster.major))
     not_read = locks_records.not_read_ns(waits, model)
-    return locks_records.section(waits, cluster.major, names, not_read)
+    blocking = None
+    if sampler is not None:
+        sampler.stop()
+        trees = locks_trees.window_trees(sampler.samples, waits)
+        lock_of = locks_records.lock_of(waits, lambda t: locks_records.label(t, cluster.major,
+                                                                              names))  # fmt: skip
+        blocking = {**locks_trees.as_json(trees, lock_of), "error": sampler.error}
+    return locks_records.section(waits, cluster.major, names, not_read, blocking)
 
 
 def _lock_dimension(
