@@ -162,9 +162,15 @@ def test_a_hostile_perf_map_is_skipped_and_said(
     def burn() -> None:
         with conn.cursor() as cur:
             cur.execute("SET jit_above_cost = 0")
+            # all of the work in this backend (the one sampled), none in parallel workers
+            cur.execute("SET max_parallel_workers_per_gather = 0")
             cur.execute("CREATE TEMP TABLE burn AS SELECT g AS a FROM generate_series(1, 1e6) g")
             while not stop.is_set():
-                cur.execute("SELECT sum((a * 2 + 1) % 7), sum(a * 3 % 11) FROM burn")
+                # arithmetic enough per row that the JIT-compiled expression holds a
+                # good share of the samples (two short terms: none in 2 s, once in CI)
+                cur.execute("SELECT sum((a * 2 + 1) % 7 + (a * 3 + 2) % 11 + (a * 5 + 3) % 13"
+                            " + (a * 7 + 4) % 17 + (a * 11 + 5) % 19 + (a * 13 + 6) % 23)"
+                            " FROM burn")  # fmt: skip
 
     worker = threading.Thread(target=burn)
     worker.start()
