@@ -29,6 +29,20 @@ class RelationNames:
     here: int = 0  # the session's database OID
     databases: dict[int, str] = field(default_factory=dict)
     relations: dict[int, str] = field(default_factory=dict)  # oid -> schema.name, quoted
+    asked_dbs: set[int] = field(default_factory=set)
+    asked_rels: set[int] = field(default_factory=set)
+
+    def covers(self, databases: Iterable[int], relations: Iterable[int]) -> bool:
+        """Whether these OIDs were all asked for already (named or not: a relation of
+        another database never is)."""
+        return set(databases) <= self.asked_dbs and set(relations) <= self.asked_rels
+
+    def update(self, more: RelationNames) -> None:
+        self.here = more.here or self.here
+        self.databases.update(more.databases)
+        self.relations.update(more.relations)
+        self.asked_dbs |= more.asked_dbs
+        self.asked_rels |= more.asked_rels
 
     def relname(self, oid: int) -> str | None:
         """schema.name of a relation of the session's database (None: not found)."""
@@ -46,6 +60,7 @@ def read(conn: Any, databases: Iterable[int], relations: Iterable[int]) -> Relat
         cur.execute(_DATABASES, (dbs,))
         out.databases = {int(oid): str(name) for oid, name in cur.fetchall()}
         rels = sorted({int(r) for r in relations})
+        out.asked_dbs, out.asked_rels = set(dbs), set(rels)
         if rels:
             cur.execute(_RELATIONS, (rels,))
             out.relations = {int(oid): str(name) for oid, name in cur.fetchall()}

@@ -67,6 +67,7 @@ def run(ns: argparse.Namespace) -> int:
     capture = compiled.capture(args, ns.duration, locks=dim)
     conninfo = targets.cluster.conninfo
     sampler = LockSampler(conninfo) if conninfo is not None else None
+    names = relnames.RelationNames()  # read as the windows name new OIDs
     previous = None  # the maps are cumulative: each window is the difference of two
     used = 0  # the samples of the windows before
     try:
@@ -74,7 +75,7 @@ def run(ns: argparse.Namespace) -> int:
                                                sampler.start if sampler else None):  # fmt: skip
             samples = sampler.samples[used:] if sampler else []
             used += len(samples)
-            emit(ns, targets, snapshot, info, previous, present(discovered), samples)
+            emit(ns, targets, snapshot, info, previous, present(discovered), samples, names)
             previous = snapshot
     finally:
         if sampler is not None and sampler.is_alive():
@@ -92,6 +93,7 @@ def emit(
     previous: Snapshot | None,
     alive: list[int],
     samples: list[Sample],
+    names: relnames.RelationNames,
 ) -> None:
     """One window's lock waits (the whole capture's, or an interval's) on stdout."""
     cluster, keep = targets.cluster, counted(targets)
@@ -100,7 +102,9 @@ def emit(
     procs = waits_records.since(previous, snapshot, alive, ours(targets))
     model = records.model_lock_ns(p for p in procs if keep(p.pid))
     not_read = records.not_read_ns(waits, model)
-    names = relnames.read_conninfo(cluster.conninfo, *records.oids(waits, cluster.major))
+    dbs, rels = records.oids(waits, cluster.major)
+    if not names.covers(dbs, rels):  # a window with new locks: their names, once
+        names.update(relnames.read_conninfo(cluster.conninfo, dbs, rels))
 
     def label(tag: lockwait.LockTag) -> str:
         return records.label(tag, cluster.major, names)
