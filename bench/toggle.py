@@ -1,4 +1,6 @@
 """The compiled time model's cost on the server, fine enough to tell 0.98 from 0.985 (issue 14).
+Kept in one module (~420 lines): one method, whose variants, windows, BPF statistics and
+report share one Result and one Switcher; its arithmetic is tested apart (test_bench_toggle).
 
     python -m bench.toggle [--workload select|tpcb|many] [--protocol simple|extended|prepared]
                            [--minutes 10] [--window 1] [--no-floor] [--queries] [--locks]

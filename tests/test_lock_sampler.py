@@ -1,4 +1,6 @@
 """pgstats.locks: heavyweight lock waits sampled by SQL, against the test's own sessions.
+Kept in one file (~410 lines): the scenes share one cluster per build (the module fixture)
+and the Clients helper that holds and blocks sessions; the pure checks are short.
 
 The truth is each session's own pg_backend_pid() (and, for row locks, its transaction id
 and the row's ctid read before the update), never the code under test. Per build (a

