@@ -14,6 +14,7 @@
  * to that value. No pid provider, no USDT: any 14+ build, stripped or not.
  *
  * USAGE: dtrace -qs waits.d POSTMASTER_PID ADDR [INTERVAL_S] [ONLY_PID] [BE_ADDR STATE_OFF]
+ *        [PROC_ADDR WAIT_LOCK_OFF]
  *   The positional parameters of bpf/waits.bt (pgprobe passes the same list
  *   to both engines), as D macro arguments:
  *   POSTMASTER_PID  $1: trace the postmaster and its children
@@ -30,6 +31,11 @@
  *                   in Client:ClientRead, st_state (pg_stat_activity's state:
  *                   idle, idle in transaction, ...) goes in bits 16-23 of the
  *                   wait_event_info, as in bpf/waits.bt (0: not known)
+ *   PROC_ADDR       $7: address of the global MyProc (0: Lock sleeps are not read
+ *                   for their lock)
+ *   WAIT_LOCK_OFF   $8: offsetof(PGPROC, waitLock) (112 in 14-18): at a switch-out
+ *                   in a Lock:* wait event, the LOCKTAG of the lock it queues on, the
+ *                   mode it wants and when its wait began, as in bpf/waits.bt
  *   Omitted parameters are 0 (#pragma D option defaultargs).
  *   Ctrl-C (SIGINT) ends the capture: the END clause prints the aggregations.
  *
@@ -82,11 +88,18 @@
  *                                3 a switch-in of a task on CPU (its off-cpu
  *                                missed), 4 a break in a CPU's chain of switches
  *   @gap_ns <TAB> NS             total length of those breaks
+ *   @lock_ns <TAB> TID <TAB> MODE <TAB> TYPE <TAB> FIELD1 <TAB> FIELD2 <TAB> FIELD3 <TAB> FIELD4 <TAB> NS
+ *                                time asleep in Lock:* wait events per lock (its
+ *                                LOCKTAG) and mode wanted (PROC_ADDR given; see
+ *                                bpf/waits.bt's header for the fields)
+ *   @lock_waits, @lock_max <TAB> the same key <TAB> N   waits (the sleeps of one
+ *                                acquisition), and the longest one's ns
  *   @@end                        END printed everything
  *
  * OVERHEAD: off-cpu and wakeup fire for every thread of the machine;
  *   a foreign thread costs the pid/ppid comparisons (and at wakeup one
- *   associative-array lookup). An own sleep costs two copyin()s.
+ *   associative-array lookup). An own sleep costs two copyin()s; with
+ *   PROC_ADDR, a Lock sleep six more.
  *
  * EXAMPLE:
  *   # dtrace -qs d/waits.d $(head -1 $PGDATA/postmaster.pid) 94823514324680
@@ -96,6 +109,9 @@
  *   @wait_ns	6904	150994946	2002024508      (0x09000002: Timeout:PgSleep, 15)
  *   [...]
  *   (a real run, DTrace for Linux 2.0.7: samples/waits_d_example.txt)
+ *   With PROC_ADDR and WAIT_LOCK_OFF, a SELECT queued 1.94 s behind a table lock
+ *   (AccessShareLock on relation 16384 of database 5; samples/waits_locks_example.txt):
+ *   @lock_ns	18101	1	0	5	16384	0	0	1938828210
  *
  * Part of pgprobe (pgprobe waits --engine dtrace runs this script).
  */
@@ -121,6 +137,21 @@ uint64_t ws_since[int];
 uint64_t ws_wei[int];
 int ws_exiting[int];
 int ws_lastnext[int];
+/*
+ * The lock dimension (PROC_ADDR given), per thread: ws_lk0/1 (the LOCKTAG as two words),
+ * ws_lkmode, ws_lkstart: the lock the Lock sleep under way waits for; ws_w0/1, ws_wmode,
+ * ws_wstart, ws_wns: the wait under way (its first sleep's lock, mode, start) and its
+ * sleeps' ns so far.
+ */
+uint64_t ws_lk0[int];
+uint64_t ws_lk1[int];
+int ws_lkmode[int];
+uint64_t ws_lkstart[int];
+uint64_t ws_w0[int];
+uint64_t ws_w1[int];
+int ws_wmode[int];
+uint64_t ws_wstart[int];
+uint64_t ws_wns[int];
 uint64_t ws_lasttime[int];
 uint64_t ws_window;
 uint64_t ws_now;
@@ -259,6 +290,8 @@ sched:::off-cpu
 	ws_wei[tid] = 1;	/* until read below: a failed copyin leaves "not readable" */
 	this->p = *(uint64_t *)copyin($2, 8);
 	this->be = (uint64_t)0;	/* typed: a clause-local takes its first type */
+	this->proc = (uint64_t)0;
+	this->lock = (uint64_t)0;
 }
 
 sched:::off-cpu
@@ -280,12 +313,38 @@ sched:::off-cpu
 	ws_wei[tid] |= (*(uint32_t *)copyin(this->be + $6, 4) & 0xff) << 16;
 }
 
+/*
+ * A Lock:* sleep: the lock it queues on (MyProc->waitLock's LOCKTAG, 16 bytes as two
+ * words), the mode it wants and when its wait began (waitLockMode, waitStart).
+ */
+sched:::off-cpu
+/this->ours && curthread->__state != 0 && this->p != 0 && (ws_wei[tid] >> 24) == 3 && $7 != 0/
+{
+	this->proc = *(uint64_t *)copyin($7, 8);
+}
+
+sched:::off-cpu
+/this->proc != 0/
+{
+	this->lock = *(uint64_t *)copyin(this->proc + $8, 8);
+}
+
+sched:::off-cpu
+/this->lock != 0/
+{
+	ws_lk0[tid] = *(uint64_t *)copyin(this->lock, 8);
+	ws_lk1[tid] = *(uint64_t *)copyin(this->lock + 8, 8);
+	ws_lkmode[tid] = *(int *)copyin(this->proc + $8 + 16, 4);
+	ws_lkstart[tid] = *(uint64_t *)copyin(this->proc + $8 + 24, 8);
+}
+
 /* ---- a sleeping thread becomes runnable (curthread is the waker) ---- */
 
 sched:::wakeup
 {
 	this->w = args[0]->pr_lwpid;
 	this->ws = ws_state[this->w];
+	this->lkw = 0;	/* a Lock sleep's thread, charged to its lock below */
 }
 
 sched:::wakeup
@@ -296,6 +355,8 @@ sched:::wakeup
 	this->wei = ws_wei[this->w];
 	@wait_ns[this->w, this->wei] = sum(this->now - this->t0);
 	@wait_hist[this->w, this->wei] = quantize(this->now - this->t0);
+	this->lkw = (this->wei >> 24) == 3 ? this->w : 0;
+	this->slept = this->now - this->t0;
 	ws_state[this->w] = 3;
 	ws_since[this->w] = this->now;
 	ws_wei[this->w] = 0;
@@ -338,6 +399,7 @@ sched:::off-cpu
 {
 	this->n = args[0]->pr_lwpid;
 	this->nst = ws_state[this->n];
+	this->lkw = 0;
 }
 
 sched:::off-cpu
@@ -374,6 +436,8 @@ sched:::off-cpu
 	@unseen[2, this->n] = count();
 	@wait_ns[this->n, ws_wei[this->n]] = sum(this->now - this->from);
 	@wait_hist[this->n, ws_wei[this->n]] = quantize(this->now - this->n0);
+	this->lkw = (ws_wei[this->n] >> 24) == 3 ? this->n : 0;
+	this->slept = this->now - this->from;
 }
 
 sched:::off-cpu
@@ -410,6 +474,55 @@ sched:::off-cpu
 	ws_lasttime[cpu] = this->now;
 }
 
+/*
+ * A Lock sleep ended (at its wakeup, or at a switch-in when the wakeup was not seen):
+ * charged to its lock and mode. One wait is the sleeps of one acquisition: the same
+ * lock, mode and start (a start not set yet, 0, matches any).
+ */
+sched:::wakeup, sched:::off-cpu
+/this->lkw != 0 && $7 != 0 && (ws_lk0[this->lkw] != 0 || ws_lk1[this->lkw] != 0)/
+{
+	this->k0 = ws_lk0[this->lkw];
+	this->k1 = ws_lk1[this->lkw];
+	this->km = ws_lkmode[this->lkw];
+	this->ks = ws_lkstart[this->lkw];
+	this->same = ws_wns[this->lkw] > 0 && ws_w0[this->lkw] == this->k0 &&
+	    ws_w1[this->lkw] == this->k1 && ws_wmode[this->lkw] == this->km &&
+	    (ws_wstart[this->lkw] == 0 || this->ks == 0 || ws_wstart[this->lkw] == this->ks);
+	this->waited = (this->same ? ws_wns[this->lkw] : 0) + this->slept;
+	/* the LOCKTAG: field1-4 (uint32 x3, uint16), its type (uint8) */
+	this->type = (this->k1 >> 48) & 0xff;
+	this->f1 = this->k0 & 0xffffffff;
+	this->f2 = this->k0 >> 32;
+	this->f3 = this->k1 & 0xffffffff;
+	this->f4 = (this->k1 >> 32) & 0xffff;
+	@lock_ns[this->lkw, this->km, this->type, this->f1, this->f2, this->f3, this->f4] =
+	    sum(this->slept);
+	@lock_max[this->lkw, this->km, this->type, this->f1, this->f2, this->f3, this->f4] =
+	    max(this->waited);
+	ws_wstart[this->lkw] = this->ks != 0 ? this->ks : this->same ? ws_wstart[this->lkw] : 0;
+	ws_w0[this->lkw] = this->k0;
+	ws_w1[this->lkw] = this->k1;
+	ws_wmode[this->lkw] = this->km;
+	ws_wns[this->lkw] = this->waited;
+}
+
+sched:::wakeup, sched:::off-cpu
+/this->lkw != 0 && $7 != 0 && (ws_lk0[this->lkw] != 0 || ws_lk1[this->lkw] != 0) && !this->same/
+{
+	@lock_waits[this->lkw, this->km, this->type, this->f1, this->f2, this->f3, this->f4] =
+	    count();
+}
+
+sched:::wakeup, sched:::off-cpu
+/this->lkw != 0 && $7 != 0/
+{
+	ws_lk0[this->lkw] = 0;
+	ws_lk1[this->lkw] = 0;
+	ws_lkmode[this->lkw] = 0;
+	ws_lkstart[this->lkw] = 0;
+}
+
 /* ---- births and deaths ---- */
 
 proc:::create
@@ -433,6 +546,16 @@ proc:::exit
 /$4 ? pid == $4 : (pid == $1 || ppid == $1)/
 {
 	ws_exiting[tid] = 1;
+}
+
+proc:::exit
+/$7 != 0 && ($4 ? pid == $4 : (pid == $1 || ppid == $1))/
+{
+	ws_w0[tid] = 0;
+	ws_w1[tid] = 0;
+	ws_wmode[tid] = 0;
+	ws_wstart[tid] = 0;
+	ws_wns[tid] = 0;
 }
 
 /* ---- printing ---- */
@@ -459,6 +582,9 @@ tick-1sec
 	printa("@exit_ns\t%d\t%@d\n", @exit_ns);
 	printa("@unseen\t%d\t%d\t%@d\n", @unseen);
 	printa("@gap_ns\t%@d\n", @gap_ns);
+	printa("@lock_ns\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_ns);
+	printa("@lock_waits\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_waits);
+	printa("@lock_max\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_max);
 }
 
 dtrace:::END
@@ -474,5 +600,8 @@ dtrace:::END
 	printa("@exit_ns\t%d\t%@d\n", @exit_ns);
 	printa("@unseen\t%d\t%d\t%@d\n", @unseen);
 	printa("@gap_ns\t%@d\n", @gap_ns);
+	printa("@lock_ns\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_ns);
+	printa("@lock_waits\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_waits);
+	printa("@lock_max\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_max);
 	printf("@@end\n");
 }

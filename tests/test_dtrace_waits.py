@@ -8,8 +8,10 @@ edges); a backend idle in transaction meanwhile (BEGIN; SELECT 1; nothing until
 the sleep ends) is active Client:ClientRead in state "idle in transaction" for
 that time +- 2 % (d/waits.d's copyin of MyBEEntry->st_state). The sleep starts
 after dtrace printed @@attached and ends before Ctrl-C, so the whole sleep is
-inside the window. Under CI=true it
-fails when DTrace is missing.
+inside the window. Then d/waits.d run by hand with its lock parameters (MyProc's
+address, offsetof(PGPROC, waitLock)): a SELECT queued 2 s behind a table lock is charged
+to the lock pg_locks showed it queued on, in its mode, its own truth +- 2 % (the checks of
+tests/test_locks.py). Under CI=true it fails when DTrace is missing.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import steal_seconds_since, steal_ticks
+from helpers import CHECKOUT, steal_seconds_since, steal_ticks
 from test_dtrace_live import Run, dtrace
+from test_locks import HOLD_S, TIMED, ByHand, Scene, check_script_locks, lock_args, major_of
 from test_waits import near, schedstat, settled, total_us
 
 from pgprobe.sandbox import PgCluster
@@ -81,3 +84,23 @@ def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
     # The probe's on-CPU may also hold the machine's steal (wall clock), as in test_waits.
     assert busy >= busy_truth - max(busy_truth * 0.02, 50 * runs), (busy, busy_truth)
     assert busy <= busy_truth + max(busy_truth * 0.02, 50 * runs + steal_us), (busy, steal_us)
+
+
+def test_a_lock_wait_by_hand(dtrace: str) -> None:
+    with PgCluster(name="pgprobe-dtrace-locks") as pg:
+        pg.sql("CREATE TABLE t (id int)")
+        pg.sql(TIMED)
+        args = lock_args(pg, pg.postgres_binary or pg.bindir / "postgres")
+        by_hand = ByHand([dtrace, "-qs", str(CHECKOUT / "d" / "waits.d"), *args], "@@attached")
+        scene = Scene(pg)
+        try:
+            holder = scene.session()
+            holder.execute("BEGIN")
+            holder.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+            scene.wait("SELECT count(*) FROM t", set())
+            time.sleep(HOLD_S)
+            holder.execute("COMMIT")
+        finally:
+            scene.done()
+        assert not scene.errors, scene.errors
+        check_script_locks(scene, by_hand.stop(), major_of(pg), "waits.d")

@@ -14,6 +14,9 @@ itself, not by pgprobe):
    queue behind B (AccessShareLock).
 3. Row locks: A updates row 1 of r and holds it; B updates it (waits on A's transaction
    id, ShareLock); C updates it (waits on the tuple, ExclusiveLock, behind B).
+Beside it, bpf/waits.bt run by hand with MyProc's address (the "by hand" form of the same
+read): each waiter's @lock_ns rows hold the lock pg_locks showed it queued on, and its
+seconds are its truth +- 2 % too.
 Then `pgprobe locks --by pid --json`: each waiter's rows are the locks and modes above (the
 transaction id A's own), their seconds its truth +- 2 % (the deadlock check after
 deadlock_timeout can sleep on LWLock:LockManager inside the statement: not a Lock sleep);
@@ -24,11 +27,15 @@ a microsecond, and no Lock sleep is left without its lock.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -36,6 +43,7 @@ import pytest
 from helpers import CHECKOUT, cluster_for, stop_early
 from test_waits import wait_attached
 
+from pgprobe import kernelbtf
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 from pgprobe.waitevents import address, lockwait
@@ -58,8 +66,12 @@ BEGIN
 END $$"""
 WAITING = """
 SELECT l.locktype, l.database::bigint, l.relation::bigint, l.mode,
-       (extract(epoch FROM l.waitstart - '2000-01-01 00:00:00+00'::timestamptz) * 1e6)::bigint
+       (extract(epoch FROM l.waitstart - '2000-01-01 00:00:00+00'::timestamptz) * 1e6)::bigint,
+       l.page, l.tuple, l.transactionid::text::bigint
   FROM pg_locks l WHERE l.pid = %s AND NOT l.granted"""
+# a row of bpf/waits.bt's (and d/waits.d's) lock maps: tid, mode, type, field1-4
+SCRIPT_ROW = re.compile(r"@lock_(ns|waits|max)(?:\[|\t)(\d+(?:(?:, |\t)\d+){6})(?:\]: |\t)(\d+)$")
+ScriptLocks = dict[int, dict[tuple[int, ...], dict[str, int]]]
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +112,7 @@ class Scene:
         self.conns: list[psycopg.Connection[Any]] = []
         self.watcher = self.session()
         self.truth: dict[int, float] = {}  # waiter pid -> off CPU and not runnable, s
+        self.queued: dict[int, tuple[Any, ...]] = {}  # waiter pid -> its pg_locks row (WAITING)
         self.expected: dict[int, set[tuple[str, str, str]]] = {}  # pid -> (lock, type, mode)
         self.roots: dict[int, tuple[int, int]] = {}  # waiter -> (its root, the pid ahead)
         self.threads: list[threading.Thread] = []
@@ -131,7 +144,8 @@ class Scene:
         thread = threading.Thread(target=run)
         thread.start()
         self.threads.append(thread)
-        until(lambda: self.watcher.execute(WAITING, (pid,)).fetchone(), f"{sql} queued")
+        self.queued[pid] = until(lambda: self.watcher.execute(WAITING, (pid,)).fetchone(),
+                                 f"{sql} queued")  # fmt: skip
         return pid
 
     def done(self) -> None:
@@ -141,10 +155,87 @@ class Scene:
             conn.close()
 
 
+def major_of(pg: PgCluster) -> int:
+    return int(pg.sql("SHOW server_version_num")[0][0]) // 10000
+
+
+def lock_args(pg: PgCluster, binary: Path) -> list[str]:
+    """waits.d's parameters (waits.bt's, less the task_struct offsets): the lock dimension's
+    at the end, MyProc's address and offsetof(PGPROC, waitLock), as the headers say."""
+    where = address.find(pg.postmaster_pid, str(binary))
+    found = lockwait.find(where, major_of(pg))
+    assert found is not None
+    return [str(pg.postmaster_pid), str(where.address), "0", "0", "0", "0",
+            str(found.proc), str(found.wait_lock_offset)]  # fmt: skip
+
+
+class ByHand:
+    """A script run by hand, until it says it is attached (live); stop() its lock maps."""
+
+    def __init__(self, argv: list[str], live: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env=env)  # fmt: skip
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read)
+        self.reader.start()
+        attached = lambda: any(ln.startswith(live) for ln in self.lines)  # noqa: E731
+        until(lambda: attached() or self.process.poll() is not None, f"{argv[:2]} attached", 120)
+        assert attached(), self.process.communicate(timeout=10)[1]
+
+    @classmethod
+    def waits_bt(cls, pg: PgCluster, build: PgBuild) -> ByHand:
+        first = lock_args(pg, build.postgres)
+        argv = ["bpftrace", str(CHECKOUT / "bpf" / "waits.bt"), *first[:6],
+                *map(str, kernelbtf.task_offsets().as_args()), *first[6:]]  # fmt: skip
+        return cls(argv, "@@live", {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536"})
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        self.lines.extend(line.rstrip("\n") for line in self.process.stdout)
+
+    def stop(self) -> ScriptLocks:
+        self.process.send_signal(signal.SIGINT)
+        self.reader.join(timeout=120)
+        self.process.wait(timeout=60)
+        return script_locks(self.lines)
+
+
+def script_locks(lines: list[str]) -> ScriptLocks:
+    """tid -> (mode, type, field1-4) -> {"ns", "waits", "max"}: the last print of each."""
+    out: ScriptLocks = {}
+    for line in lines:
+        m = SCRIPT_ROW.match(line)
+        if m:
+            tid, *key = (int(v) for v in re.split(r", |\t", m.group(2)))
+            out.setdefault(tid, {}).setdefault(tuple(key), {})[m.group(1)] = int(m.group(3))
+    return out
+
+
+def check_script_locks(scene: Scene, got: ScriptLocks, major: int, engine: str) -> None:
+    """Each waiter's rows in a script's lock maps: the lock pg_locks showed it queued on
+    among them (type, OIDs, xid, mode), their seconds its truth +- 2 %."""
+    for pid, queued in scene.queued.items():
+        mine = got.get(pid, {})
+        seen = set()
+        for (mode, kind, *fields), row in mine.items():
+            tag = lockwait.LockTag(*fields, kind, 1)
+            cols = tag.columns(major)
+            seen.add((tag.locktype(major), cols.get("database"), cols.get("relation"),
+                      lockwait.mode_name(mode), cols.get("page"), cols.get("tuple"),
+                      cols.get("transactionid")))  # fmt: skip
+            assert row.get("waits", 0) >= 1 and row["ns"] <= row["max"] * row["waits"], row
+        total = sum(row["ns"] for row in mine.values()) / 1e9
+        line = f"{engine} waiter {pid}: {total:.4f} s (truth {scene.truth.get(pid)}) on {mine}"
+        print(line)
+        assert (*queued[:4], *queued[5:]) in seen, f"{line}; pg_locks {queued}"
+        assert total == pytest.approx(scene.truth[pid], rel=0.02), line
+
+
 def test_waiters_locks_against_pg_locks_and_their_own_clocks(
     locks_cluster: PgCluster, pg_build: PgBuild
 ) -> None:
     pg = locks_cluster
+    by_hand = ByHand.waits_bt(pg, pg_build)
     probe, scene = start_locks(pg, "-d", "14"), Scene(pg)
     try:
         # 1. a table lock; the waiter's lock read from its memory against pg_locks
@@ -199,6 +290,7 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         scene.done()
     stdout, stderr = stop_early(probe)
     assert not scene.errors, scene.errors
+    check_script_locks(scene, by_hand.stop(), major, "waits.bt")
     assert probe.returncode == 0, stderr
     doc = json.loads(stdout)
     meta = doc["meta"]

