@@ -14,7 +14,7 @@
  * to that value. No pid provider, no USDT: any 14+ build, stripped or not.
  *
  * USAGE: dtrace -qs waits.d POSTMASTER_PID ADDR [INTERVAL_S] [ONLY_PID] [BE_ADDR STATE_OFF]
- *        [PROC_ADDR WAIT_LOCK_OFF]
+ *        [PROC_ADDR WAIT_LOCK_OFF [QID_OFF]]
  *   The positional parameters of bpf/waits.bt (pgprobe passes the same list
  *   to both engines), as D macro arguments:
  *   POSTMASTER_PID  $1: trace the postmaster and its children
@@ -36,6 +36,9 @@
  *   WAIT_LOCK_OFF   $8: offsetof(PGPROC, waitLock) (112 in 14-18): at a switch-out
  *                   in a Lock:* wait event, the LOCKTAG of the lock it queues on, the
  *                   mode it wants and when its wait began, as in bpf/waits.bt
+ *   QID_OFF         $9: offsetof(PgBackendStatus, st_query_id) (424 in 14-18; BE_ADDR
+ *                   needed): each interval also keyed by the statement, as in
+ *                   bpf/waits.bt (@query_ns)
  *   Omitted parameters are 0 (#pragma D option defaultargs).
  *   Ctrl-C (SIGINT) ends the capture: the END clause prints the aggregations.
  *
@@ -94,12 +97,17 @@
  *                                bpf/waits.bt's header for the fields)
  *   @lock_waits, @lock_max <TAB> the same key <TAB> N   waits (the sleeps of one
  *                                acquisition), and the longest one's ns
+ *   @query_ns <TAB> TID <TAB> KIND <TAB> STATE <TAB> WEI <TAB> QUERY_ID <TAB> NS
+ *                                (QID_OFF given) each interval by the backend's state
+ *                                and statement: KIND 1 on CPU, 2 runqueue after a
+ *                                preemption, 3 after a wakeup (WEI: the sleep's), 4
+ *                                asleep in WEI (see bpf/waits.bt's header)
  *   @@end                        END printed everything
  *
  * OVERHEAD: off-cpu and wakeup fire for every thread of the machine;
  *   a foreign thread costs the pid/ppid comparisons (and at wakeup one
  *   associative-array lookup). An own sleep costs two copyin()s; with
- *   PROC_ADDR, a Lock sleep six more.
+ *   PROC_ADDR, a Lock sleep six more; with QID_OFF, every off-cpu three more.
  *
  * EXAMPLE:
  *   # dtrace -qs d/waits.d $(head -1 $PGDATA/postmaster.pid) 94823514324680
@@ -112,6 +120,8 @@
  *   With PROC_ADDR and WAIT_LOCK_OFF, a SELECT queued 1.94 s behind a table lock
  *   (AccessShareLock on relation 16384 of database 5; samples/waits_locks_example.txt):
  *   @lock_ns	18101	1	0	5	16384	0	0	1938828210
+ *   With QID_OFF, SELECT pg_sleep(0.2) five times (samples/waits_queries_example.txt):
+ *   @query_ns	3547	4	2	150994946	2920803561901199087	1006095620
  *
  * Part of pgprobe (pgprobe waits --engine dtrace runs this script).
  */
@@ -152,6 +162,14 @@ uint64_t ws_w1[int];
 int ws_wmode[int];
 uint64_t ws_wstart[int];
 uint64_t ws_wns[int];
+/*
+ * The query dimension (QID_OFF given), per thread: the backend's state and statement read
+ * at its last off-cpu (ws_qstate, ws_qid), and the wait event of its last sleep (ws_qwei:
+ * the runqueue time after its wakeup goes with it).
+ */
+uint32_t ws_qstate[int];
+uint64_t ws_qid[int];
+uint64_t ws_qwei[int];
 uint64_t ws_lasttime[int];
 uint64_t ws_window;
 uint64_t ws_now;
@@ -170,6 +188,8 @@ sched:::off-cpu
 {
 	this->now = timestamp;
 	this->ours = $4 ? pid == $4 : (pid == $1 || ppid == $1);
+	this->ran = (uint64_t)0;	/* the part of the run that ends here charged to @cpu_ns */
+	this->qbe = (uint64_t)0;
 	this->st = this->ours ? ws_state[tid] : 0;
 	this->t0 = this->ours ? ws_since[tid] : 0;
 }
@@ -221,6 +241,7 @@ sched:::off-cpu
 /this->ours && this->st == 1/
 {
 	@cpu_ns[tid] = sum(this->missed ? this->run : this->span);
+	this->ran = this->missed ? this->run : this->span;
 }
 
 sched:::off-cpu
@@ -237,6 +258,7 @@ sched:::off-cpu
 	 * ran), unless the kernel says this run began later (missed, below).
 	 */
 	@cpu_ns[tid] = sum(this->missed ? this->run : this->span);
+	this->ran = this->missed ? this->run : this->span;
 }
 
 sched:::off-cpu
@@ -260,6 +282,43 @@ sched:::off-cpu
 {
 	/* its switch-in was not seen: that interval is lost */
 	@unseen[1, tid] = count();
+}
+
+/*
+ * QID_OFF: the statement. The run that ends here goes to the backend's state and query
+ * id read now, and what follows (a sleep, a wait for a CPU) to them too, when it ends. A
+ * process's last run (its exit: the memory is gone) to none (0, 0).
+ */
+sched:::off-cpu
+/this->ours && $9 != 0 && $5 != 0 && !ws_exiting[tid]/
+{
+	this->qbe = *(uint64_t *)copyin($5, 8);
+}
+
+sched:::off-cpu
+/this->qbe != 0/
+{
+	ws_qstate[tid] = *(uint32_t *)copyin(this->qbe + $6, 4);
+	ws_qid[tid] = *(uint64_t *)copyin(this->qbe + $9, 8);
+}
+
+sched:::off-cpu
+/this->ours && $9 != 0 && $5 != 0 && this->qbe == 0/
+{
+	ws_qstate[tid] = 0;
+	ws_qid[tid] = 0;
+}
+
+sched:::off-cpu
+/this->ours && $9 != 0 && $5 != 0 && this->ran > 0/
+{
+	@query_ns[tid, 1, ws_qstate[tid], (uint64_t)0, (int64_t)ws_qid[tid]] = sum(this->ran);
+}
+
+sched:::off-cpu
+/this->ours && $9 != 0 && ws_exiting[tid]/
+{
+	ws_qwei[tid] = 0;
 }
 
 sched:::off-cpu
@@ -363,6 +422,13 @@ sched:::wakeup
 }
 
 sched:::wakeup
+/this->ws == 4 && $9 != 0 && $5 != 0/
+{
+	@query_ns[this->w, 4, ws_qstate[this->w], this->wei, (int64_t)ws_qid[this->w]] = sum(this->slept);
+	ws_qwei[this->w] = this->wei;
+}
+
+sched:::wakeup
 /this->ws == 2 || this->ws == 3/
 {
 	@unseen[1, this->w] = count();
@@ -427,6 +493,20 @@ sched:::off-cpu
 /this->nst == 2 || this->nst == 3/
 {
 	@runq_ns[this->n, this->nst] = sum(this->now - this->from);
+}
+
+sched:::off-cpu
+/(this->nst == 2 || this->nst == 3) && $9 != 0 && $5 != 0/
+{
+	@query_ns[this->n, this->nst, ws_qstate[this->n],
+	    this->nst == 3 ? ws_qwei[this->n] : (uint64_t)0, (int64_t)ws_qid[this->n]] = sum(this->now - this->from);
+}
+
+sched:::off-cpu
+/this->nst == 4 && $9 != 0 && $5 != 0/
+{
+	@query_ns[this->n, 4, ws_qstate[this->n], ws_wei[this->n], (int64_t)ws_qid[this->n]] =
+	    sum(this->now - this->from);
 }
 
 sched:::off-cpu
@@ -585,6 +665,7 @@ tick-1sec
 	printa("@lock_ns\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_ns);
 	printa("@lock_waits\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_waits);
 	printa("@lock_max\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_max);
+	printa("@query_ns\t%d\t%d\t%u\t%u\t%d\t%@d\n", @query_ns);
 }
 
 dtrace:::END
@@ -603,5 +684,6 @@ dtrace:::END
 	printa("@lock_ns\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_ns);
 	printa("@lock_waits\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_waits);
 	printa("@lock_max\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%@d\n", @lock_max);
+	printa("@query_ns\t%d\t%d\t%u\t%u\t%d\t%@d\n", @query_ns);
 	printf("@@end\n");
 }

@@ -9,9 +9,10 @@ the sleep ends) is active Client:ClientRead in state "idle in transaction" for
 that time +- 2 % (d/waits.d's copyin of MyBEEntry->st_state). The sleep starts
 after dtrace printed @@attached and ends before Ctrl-C, so the whole sleep is
 inside the window. Then d/waits.d run by hand with its lock parameters (MyProc's
-address, offsetof(PGPROC, waitLock)): a SELECT queued 2 s behind a table lock is charged
-to the lock pg_locks showed it queued on, in its mode, its own truth +- 2 % (the checks of
-tests/test_locks.py). Under CI=true it fails when DTrace is missing.
+address, offsetof(PGPROC, waitLock)) and QID_OFF: a SELECT queued 2 s behind a table lock
+is charged to the lock pg_locks showed it queued on, in its mode, and to the query id
+pg_stat_activity showed for it, its own truth +- 2 % (the checks of tests/test_locks.py).
+Under CI=true it fails when DTrace is missing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ from pathlib import Path
 import pytest
 from helpers import CHECKOUT, steal_seconds_since, steal_ticks
 from test_dtrace_live import Run, dtrace
-from test_locks import HOLD_S, TIMED, ByHand, Scene, check_script_locks, lock_args, major_of
+from test_locks import (
+    HOLD_S,
+    TIMED,
+    ByHand,
+    Scene,
+    by_hand_args,
+    check_script_locks,
+    major_of,
+    script_locks,
+)
+from test_queries import script_queries
 from test_waits import near, schedstat, settled, total_us
 
 from pgprobe.sandbox import PgCluster
@@ -87,20 +98,28 @@ def test_pg_sleep_is_timeout_pgsleep(dtrace: str, tmp_path: Path) -> None:
 
 
 def test_a_lock_wait_by_hand(dtrace: str) -> None:
-    with PgCluster(name="pgprobe-dtrace-locks") as pg:
+    with PgCluster({"compute_query_id": "on"}, name="pgprobe-dtrace-locks") as pg:
         pg.sql("CREATE TABLE t (id int)")
         pg.sql(TIMED)
-        args = lock_args(pg, pg.postgres_binary or pg.bindir / "postgres")
+        args = by_hand_args(pg, pg.postgres_binary or pg.bindir / "postgres")
         by_hand = ByHand([dtrace, "-qs", str(CHECKOUT / "d" / "waits.d"), *args], "@@attached")
         scene = Scene(pg)
         try:
             holder = scene.session()
             holder.execute("BEGIN")
             holder.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
-            scene.wait("SELECT count(*) FROM t", set())
+            waiter = scene.wait("SELECT count(*) FROM t", set())
+            (qid,) = pg.sql(f"SELECT query_id FROM pg_stat_activity WHERE pid = {waiter}")[0]
             time.sleep(HOLD_S)
             holder.execute("COMMIT")
         finally:
             scene.done()
         assert not scene.errors, scene.errors
-        check_script_locks(scene, by_hand.stop(), major_of(pg), "waits.d")
+        lines = by_hand.stop()
+        check_script_locks(scene, script_locks(lines), major_of(pg), "waits.d")
+    # QID_OFF: the wait on the statement pg_stat_activity showed (timed()'s, the top level)
+    rows = script_queries(lines)
+    locked = sum(ns for (tid, kind, _s, wei, q), ns in rows.items()
+                 if tid == waiter and kind == 4 and wei >> 24 == 3 and q == qid) / 1e9  # fmt: skip
+    print(f"waits.d by hand: {locked:.4f} s of Lock on query {qid} (truth {scene.truth[waiter]})")
+    assert locked == pytest.approx(scene.truth[waiter], rel=0.02), rows

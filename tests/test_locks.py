@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 import pytest
@@ -46,7 +46,7 @@ from test_waits import wait_attached
 from pgprobe import kernelbtf
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
-from pgprobe.waitevents import address, lockwait
+from pgprobe.waitevents import address, backend_state, lockwait, statement
 
 HOLD_S = 2.0
 TABLE_HOLD_S = 3.0  # the issue's first case: a table held 3 s
@@ -159,14 +159,19 @@ def major_of(pg: PgCluster) -> int:
     return int(pg.sql("SHOW server_version_num")[0][0]) // 10000
 
 
-def lock_args(pg: PgCluster, binary: Path) -> list[str]:
-    """waits.d's parameters (waits.bt's, less the task_struct offsets): the lock dimension's
-    at the end, MyProc's address and offsetof(PGPROC, waitLock), as the headers say."""
+def by_hand_args(pg: PgCluster, binary: Path) -> list[str]:
+    """waits.d's parameters (waits.bt's, less the task_struct offsets), as the headers say:
+    MyBEEntry's address and st_state's offset, the lock dimension's (MyProc's address,
+    offsetof(PGPROC, waitLock)) and the query dimension's (offsetof(PgBackendStatus,
+    st_query_id))."""
+    major = major_of(pg)
     where = address.find(pg.postmaster_pid, str(binary))
-    found = lockwait.find(where, major_of(pg))
-    assert found is not None
-    return [str(pg.postmaster_pid), str(where.address), "0", "0", "0", "0",
-            str(found.proc), str(found.wait_lock_offset)]  # fmt: skip
+    found = lockwait.find(where, major)
+    state = backend_state.find(where, major)
+    assert found is not None and state is not None
+    return [str(pg.postmaster_pid), str(where.address), "0", "0", str(state.address),
+            str(state.offset), str(found.proc), str(found.wait_lock_offset),
+            str(statement.QUERY_ID_OFFSET[major])]  # fmt: skip
 
 
 class ByHand:
@@ -175,29 +180,36 @@ class ByHand:
     def __init__(self, argv: list[str], live: str, env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, env=env)  # fmt: skip
+        # both pipes drained: DTrace says each copyin() that faults (a process tearing its
+        # memory down) on stderr, and blocks once the pipe is full
         self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read)
-        self.reader.start()
+        self.errors: list[str] = []
+        pipes = ((self.process.stdout, self.lines), (self.process.stderr, self.errors))
+        self.readers = [threading.Thread(target=self._read, args=pipe) for pipe in pipes]
+        for reader in self.readers:
+            reader.start()
         attached = lambda: any(ln.startswith(live) for ln in self.lines)  # noqa: E731
         until(lambda: attached() or self.process.poll() is not None, f"{argv[:2]} attached", 120)
-        assert attached(), self.process.communicate(timeout=10)[1]
+        assert attached(), self.errors[-20:]
 
     @classmethod
     def waits_bt(cls, pg: PgCluster, build: PgBuild) -> ByHand:
-        first = lock_args(pg, build.postgres)
+        first = by_hand_args(pg, build.postgres)
         argv = ["bpftrace", str(CHECKOUT / "bpf" / "waits.bt"), *first[:6],
                 *map(str, kernelbtf.task_offsets().as_args()), *first[6:]]  # fmt: skip
         return cls(argv, "@@live", {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536"})
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        self.lines.extend(line.rstrip("\n") for line in self.process.stdout)
+    @staticmethod
+    def _read(pipe: IO[str] | None, into: list[str]) -> None:
+        assert pipe is not None
+        into.extend(line.rstrip("\n") for line in pipe)
 
-    def stop(self) -> ScriptLocks:
+    def stop(self) -> list[str]:
         self.process.send_signal(signal.SIGINT)
-        self.reader.join(timeout=120)
+        for reader in self.readers:
+            reader.join(timeout=120)
         self.process.wait(timeout=60)
-        return script_locks(self.lines)
+        return self.lines
 
 
 def script_locks(lines: list[str]) -> ScriptLocks:
@@ -290,7 +302,7 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         scene.done()
     stdout, stderr = stop_early(probe)
     assert not scene.errors, scene.errors
-    check_script_locks(scene, by_hand.stop(), major, "waits.bt")
+    check_script_locks(scene, script_locks(by_hand.stop()), major, "waits.bt")
     assert probe.returncode == 0, stderr
     doc = json.loads(stdout)
     meta = doc["meta"]

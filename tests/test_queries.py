@@ -6,8 +6,11 @@
   statement's CPU + runqueue is its backend's /proc/PID/schedstat delta ± 2 % (plus, on
   the upper side, the machine's steal: schedstat's CPU time leaves it out); an UPDATE
   blocked 3 s by another session's row lock is 3.0 s ± 2 % of Lock:transactionid on its id.
+  bpf/waits.bt run by hand beside it with QID_OFF (the scripts' query dimension): the
+  same three checks on its @query_ns.
 - pgbench TPC-B at half its unthrottled rate (the issue's), one statement in ten a heavier
-  one (10k rows of pgbench_accounts), every build: each statement with ≥ 5 % of DB time has
+  one (30k rows of pgbench_accounts, 1.2 ms per call for 10k on a fast VM: short of the
+  2 ms bound), every build: each statement with ≥ 5 % of DB time has
   an active time of at least 0.95 times its pg_stat_statements total_exec_time +
   total_plan_time delta over the same seconds (sampled every 0.1 s by the test, taken at
   the window's edges pgprobe reports), and at most 2 times it where pg_stat_statements
@@ -36,6 +39,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +59,7 @@ from helpers import (
     steal_seconds_since,
     steal_ticks,
 )
+from test_locks import ByHand
 
 from pgprobe import proc
 from pgprobe.pgbuilds import PgBuild
@@ -131,6 +136,7 @@ def burner(pg: PgCluster, truth: dict[str, float]) -> None:
     exit_group, the memory gone at its final switch-out)."""
     with pg.connect() as conn:
         pid = int(str(conn.execute("SELECT pg_backend_pid()").fetchone()[0]))  # type: ignore[index]
+        truth["pid"] = pid
         before, steal = proc.schedstat(pid), steal_ticks()
         conn.execute("SELECT count(*) FROM generate_series(1, 12000000) AS burn")
         after = proc.schedstat(pid)
@@ -164,6 +170,7 @@ def test_three_statements_against_their_truths(pg_build: PgBuild, tracing: None)
     with cluster_for(pg_build, SETTINGS, name="pgprobe-queries") as pg:
         pg.sql("CREATE EXTENSION pg_stat_statements")
         pg.sql("CREATE TABLE rows (id int PRIMARY KEY, v int); INSERT INTO rows VALUES (1, 0)")
+        by_hand = ByHand.waits_bt(pg, pg_build)
         with queries_running(pg, duration=120, interrupt=True) as run:
             loads = [threading.Thread(target=sleeper, args=(pg,)),
                      threading.Thread(target=burner, args=(pg, truth)),
@@ -174,8 +181,14 @@ def test_three_statements_against_their_truths(pg_build: PgBuild, tracing: None)
                 load.join()
             time.sleep(0.3)  # the sessions' exits seen before the end
         doc, err = result(run)
+        script = script_queries(by_hand.stop())
         sleep_id = queryid(pg, "SELECT pg_sleep")
         burn_id = queryid(pg, "SELECT count(*) FROM generate_series")
+        (before,) = pg.sql(
+            "SELECT queryid FROM pg_stat_statements WHERE toplevel AND "
+            "query = 'SELECT pg_backend_pid()' AND calls = 1"
+        )  # the burner's
+        before_id = int(str(before[0]))
         update_id = queryid(pg, "UPDATE rows SET")
     print(json.dumps(doc["rows"][:6], indent=1), err, truth)
     slept = wait_s(row_of(doc, sleep_id), "PgSleep")
@@ -190,6 +203,38 @@ def test_three_statements_against_their_truths(pg_build: PgBuild, tracing: None)
     locked = wait_s(row_of(doc, update_id), "transactionid")
     assert abs(locked - 3.0) <= TOLERANCE * 3.0, (locked, truth)
     assert doc["meta"]["query_ids"] is True
+
+    def script_s(qid: int, kinds: set[int], wait_class: int | None, tid: int = 0) -> float:
+        def wanted(t: int, kind: int, wei: int, q: int) -> bool:
+            return q == qid and kind in kinds and wait_class in (None, wei >> 24) and tid in (0, t)
+
+        return sum(ns for (t, k, _s, wei, q), ns in script.items() if wanted(t, k, wei, q)) / 1e9
+
+    # Like for like: the truth (the client's schedstat delta) also holds the burner's wait
+    # for a CPU between its two statements (after a wakeup or a preemption while idle),
+    # which the script keeps with the statement before (pg_backend_pid()'s)
+    between = script_s(before_id, {2, 3}, None, int(truth["pid"]))
+    on_cpu = script_s(burn_id, {1, 2}, None) + between
+    by_script = {"slept": script_s(sleep_id, {4}, 0x09), "locked": script_s(update_id, {4}, 0x03),
+                 "on_cpu": on_cpu}  # fmt: skip
+    print(f"waits.bt by hand: {by_script} (between the statements {between})")
+    assert abs(by_script["slept"] - 2.0) <= TOLERANCE * 2.0, by_script
+    assert abs(by_script["locked"] - 3.0) <= TOLERANCE * 3.0, (by_script, truth)
+    assert low * truth["cpu_runq_s"] <= by_script["on_cpu"] <= high * (
+        truth["cpu_runq_s"] + truth["steal_s"]), (by_script, truth)  # fmt: skip
+
+
+QUERY_ROW = re.compile(r"@query_ns(?:\[|\t)(\d+(?:(?:, |\t)-?\d+){4})(?:\]: |\t)(\d+)$")
+
+
+def script_queries(lines: list[str]) -> dict[tuple[int, ...], int]:
+    """(tid, kind, state, wei, query id) -> ns of a script's @query_ns (its last print)."""
+    out: dict[tuple[int, ...], int] = {}
+    for line in lines:
+        m = QUERY_ROW.match(line)
+        if m:
+            out[tuple(int(v) for v in re.split(r", |\t", m.group(1)))] = int(m.group(2))
+    return out
 
 
 class StatementsSampler(threading.Thread):
@@ -226,7 +271,7 @@ def unthrottled_tps(pg: PgCluster, scripts: tuple[str, ...]) -> float:
 # (message read, parse, send, preemptions outside the executor): 0.6-2.4 ms per call on a
 # loaded 2-CPU VM (CI: UPDATE pgbench_accounts at 0.51 ms/call was 2.68 times its time).
 HEAVY_MS = 2.0
-HEAVY = "SELECT sum(abalance) FROM pgbench_accounts WHERE aid BETWEEN 1 AND 10000;\n"
+HEAVY = "SELECT sum(abalance) FROM pgbench_accounts WHERE aid BETWEEN 1 AND 30000;\n"
 TRANSACTION_CONTROL = ("BEGIN", "END", "COMMIT", "START TRANSACTION")
 
 
