@@ -46,7 +46,7 @@ from typing import Any
 
 import pytest
 import tested_on as matrix
-from helpers import cluster_for, need
+from helpers import LOST_PATH_SHARE, cluster_for, lost_path_excess, lost_paths, need
 
 from pgprobe.pgbuilds import PgBuild, select
 from pgprobe.sandbox import PgCluster
@@ -182,3 +182,18 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: Any) -> None:
     matrix.write(session.config)
+    excess = lost_path_excess()  # helpers.took_lost_path: lost events counted, not hidden
+    if excess and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not lost_paths:
+        return
+    said = ", ".join(f"{check} {sum(runs)}/{len(runs)}" for check, runs in lost_paths.items())
+    terminalreporter.write_line(f"runs that took a lost-events path: {said}")
+    for line in lost_path_excess():
+        terminalreporter.write_line(
+            f"FAILED: {line} took the lost-events path (more than one, and more than "
+            f"the check's share, {LOST_PATH_SHARE:.0%} unless said: tests/helpers.py)"
+        )

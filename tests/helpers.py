@@ -30,6 +30,36 @@ def need(ok: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+# Lost events, counted: a test whose check of a figure becomes one-sided when the tool says
+# it lost events (waits' lost_pids, missed_runs; serve's lost-events counter) records each
+# run with took_lost_path(), and the session fails (conftest.py) when more than one run in
+# LOST_PATH_SHARE of a check took that path, beyond the one any check may take: each such
+# run checks its figure against the truth on one side only, and the loss comes from other
+# tools' BPF programs on a shared machine (test_waits.exact_or_reported), which should be
+# the exception: past one run in five, the suite has in effect stopped checking the figure.
+LOST_PATH_SHARE = 0.2
+lost_paths: dict[str, list[bool]] = {}
+lost_path_shares: dict[str, float] = {}
+
+
+def took_lost_path(check: str, lost: bool, share: float = LOST_PATH_SHARE) -> bool:
+    """Record one run of `check`: whether the tool reported losing events in it (lost).
+    share: the most of its runs that may (a check's own, said where it is not the default)."""
+    lost_paths.setdefault(check, []).append(bool(lost))
+    lost_path_shares[check] = share
+    return bool(lost)
+
+
+def lost_path_excess() -> list[str]:
+    """The checks whose runs took the lost path more than their share allows."""
+    out = []
+    for check, runs in sorted(lost_paths.items()):
+        share = lost_path_shares[check]
+        if sum(runs) > max(1, share * len(runs)):
+            out.append(f"{check}: {sum(runs)} of {len(runs)} runs (at most {share:.0%})")
+    return out
+
+
 def run_pgprobe(
     args: Sequence[str],
     env: dict[str, str] | None = None,

@@ -31,11 +31,35 @@ REAL_TRANCHES = {"WALWrite", "LockManager", "BufferContent", "WALInsert", "ProcA
 def load(cluster: PgCluster, tracing: None) -> Iterator[PgCluster]:
     """pgbench -c 8 (TPC-B-like on scale 2): WALWrite and LockManager waits within seconds."""
     bench = cluster.pgbench("-c", "8", "-j", "2", "-T", "900")
-    time.sleep(1.5)  # let the clients connect before tracing starts
-    assert bench.poll() is None, bench.communicate()[0]
+    clients_connected(cluster, bench)  # before tracing starts
     yield cluster
     bench.terminate()
     bench.communicate(timeout=30)
+
+
+def clients_connected(cluster: PgCluster, bench: subprocess.Popen[str], n: int = 8) -> None:
+    """Until pg_stat_activity shows pgbench's n clients (pgbench still running)."""
+    deadline = time.monotonic() + 60
+    while len(bench_pids(cluster)) < n:
+        assert bench.poll() is None, bench.communicate()[0]
+        assert time.monotonic() < deadline, f"pgbench's {n} clients not connected within 60 s"
+        time.sleep(0.05)
+
+
+def commits(cluster: PgCluster) -> int:
+    rows = cluster.sql(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+    )
+    return int(str(rows[0][0]))
+
+
+def load_went_on(cluster: PgCluster, transactions: int = 500) -> None:
+    """Until the load committed `transactions` more (pg_stat_database: each backend flushes
+    its counts within a second), each with its LWLock waits: what a capture then holds."""
+    target, deadline = commits(cluster) + transactions, time.monotonic() + 60
+    while commits(cluster) < target:
+        assert time.monotonic() < deadline, f"pgbench did not commit {transactions} in 60 s"
+        time.sleep(0.1)
 
 
 class ActivitySampler(threading.Thread):
@@ -184,7 +208,8 @@ def test_lwlocks_pid_without_connection_uses_proc(load: PgCluster) -> None:
 
 def wait_attached(child: subprocess.Popen[str], timeout: float = 60) -> None:
     """Until pgprobe's bpftrace holds its perf events (a fixed sleep is too short when the
-    machine is loaded: SIGINT then lands before the probes attach)."""
+    machine is loaded: SIGINT then lands before the probes attach); fails when pgprobe
+    ends first or it does not attach within `timeout`."""
     wanted = (os.cpu_count() or 1) + 1
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and child.poll() is None:
@@ -192,6 +217,9 @@ def wait_attached(child: subprocess.Popen[str], timeout: float = 60) -> None:
         if pid is not None and perf_event_fds(pid) >= wanted:
             return
         time.sleep(0.05)
+    if child.poll() is None:
+        child.send_signal(signal.SIGINT)
+    pytest.fail(f"bpftrace did not attach within {timeout:.0f} s: {child.communicate(timeout=60)}")
 
 
 def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
@@ -212,7 +240,7 @@ def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
         text=True,
     )
     wait_attached(child)
-    time.sleep(2)  # some waits to collect
+    load_went_on(load)  # some waits to collect
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
@@ -229,7 +257,8 @@ def test_sigterm_also_prints_what_was_collected(load: PgCluster) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    wait_attached(child)
+    load_went_on(load)
     child.terminate()
     out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
@@ -330,8 +359,7 @@ def no_usdt_load(tracing: None) -> Iterator[PgCluster]:
             out, _ = init.communicate(timeout=300)
             assert init.returncode == 0, out
             bench = pg.pgbench("-c", "8", "-j", "2", "-T", "900")
-            time.sleep(1.5)
-            assert bench.poll() is None, bench.communicate()[0]
+            clients_connected(pg, bench)
             yield pg
             bench.terminate()
             bench.communicate(timeout=30)

@@ -420,8 +420,8 @@ def test_vdso(build: Build, start: Start) -> None:
     assert sym.snapshot(r.pid)
     vdso = next(m for m in sym._maps[r.pid].mappings if m.path == "[vdso]")
     img = sym._vdso_image()
-    if img is None or not img.starts:
-        pytest.skip("this kernel's vDSO has no symbols")
+    # x86-64's vDSO exports its functions (__vdso_clock_gettime ...): none read is a fault
+    assert img is not None and img.starts, "no symbol read from this process's [vdso]"
     name, start_addr = img.names[0], img.starts[0]
     [f] = sym.user_frames(r.pid, [vdso.start + start_addr + 1])
     assert f == Frame(name, "[vdso]", True, 1)
@@ -441,8 +441,7 @@ def test_resnapshot_keeps_old_mappings_and_counts(build: Build, start: Start) ->
 def test_kernel_frames_from_kallsyms() -> None:
     need(os.geteuid() == 0, "needs root to read kernel addresses from /proc/kallsyms")
     ks = KernelSymbols()
-    if not ks.available:
-        pytest.skip("/proc/kallsyms shows no addresses (kptr_restrict)")
+    need(ks.available, "/proc/kallsyms shows no addresses to root (kptr_restrict=2)")
     # A text symbol followed by another one well after it.
     target = None
     with open("/proc/kallsyms") as f:

@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 from helpers import (
     CHECKOUT,
+    LOST_PATH_SHARE,
     WAITS_BPF_LINKS,
     bpf_link_fds,
     bpftrace_child,
@@ -49,6 +50,7 @@ from helpers import (
     perf_event_fds,
     steal_seconds_since,
     steal_ticks,
+    took_lost_path,
 )
 
 from pgprobe import waitevents
@@ -59,6 +61,10 @@ from pgprobe.sandbox import PgCluster
 from pgprobe.tools.waits import compiled, records
 
 CPU_QUERY = "SELECT count(*) FROM generate_series(1, 3000000)"
+# A known spread of sleeps for the percentiles: 180 of 3 ms and 20 of 40 ms, one statement
+# (pg_sleep waits once, ceil(ms) long): P50 is 3 ms, P99 (rank 198 of 200) 40 ms.
+SPREAD_QUERY = ("SELECT pg_sleep(CASE WHEN i % 10 = 0 THEN 0.04 ELSE 0.003 END) "
+                "FROM generate_series(1, 200) i")  # fmt: skip
 # The blocked statement's own account, read inside the server around the UPDATE only:
 # its wall time and its schedstat deltas (/proc/self is the backend). What it spent
 # before and after (woken from ClientRead, waiting for a CPU under the burners: tens
@@ -302,7 +308,7 @@ def test_time_model_against_truth(
     waits_cluster: PgCluster, tested_on: Callable[[str, str], None], engine: str
 ) -> None:
     pg = waits_cluster
-    names = ("sleeper", "holder", "blocked", "leaver", "cpu", "idler")
+    names = ("sleeper", "holder", "blocked", "leaver", "cpu", "idler", "spread")
     conns = {name: pg.connect() for name in names}
     # No statement before the window: a 15+ backend whose statement ends within
     # PGSTAT_MIN_INTERVAL (1 s) of its last statistics flush (the one at connection)
@@ -346,17 +352,30 @@ def test_time_model_against_truth(
             threading.Thread(target=block),
             threading.Thread(target=conns["cpu"].execute, args=(CPU_QUERY,)),
             threading.Thread(target=conns["leaver"].execute, args=("SELECT pg_sleep(0.5)",)),
+            threading.Thread(target=conns["spread"].execute, args=(SPREAD_QUERY,)),
         ]
         for thread in work:
             thread.start()
-        time.sleep(1.0)
-        seen = {
-            int(pid): (str(wt), str(we))
-            for pid, wt, we in pg.sql(
-                "SELECT pid, coalesce(wait_event_type, ''), coalesce(wait_event, '') "
-                "FROM pg_stat_activity"
-            )
-        }
+        began = time.monotonic()
+        # The two waiting backends seen waiting in pg_stat_activity (awaited: the threads
+        # may start late on the saturated CPUs), then the lock held 1 s in all.
+        # One session polls (not one per poll: each would be a process of the capture).
+        deadline, waiting = began + 60, {"sleeper": ("Timeout", "PgSleep"),
+                                         "blocked": ("Lock", "transactionid")}  # fmt: skip
+        with pg.connect() as watcher:
+            while True:
+                seen = {
+                    int(pid): (str(wt), str(we))
+                    for pid, wt, we in watcher.execute(
+                        "SELECT pid, coalesce(wait_event_type, ''), coalesce(wait_event, '') "
+                        "FROM pg_stat_activity"
+                    ).fetchall()
+                }
+                if all(seen.get(pids[n]) == e for n, e in waiting.items()):
+                    break
+                assert time.monotonic() < deadline, ("not seen waiting in 60 s", seen, pids)
+                time.sleep(0.05)
+        time.sleep(max(0.0, began + 1.0 - time.monotonic()))  # the scene: the lock held 1 s
         conns["holder"].execute("COMMIT")
         for thread in work:
             thread.join(timeout=60)
@@ -394,6 +413,11 @@ def test_time_model_against_truth(
     assert seen[pids["blocked"]] == ("Lock", "transactionid")
 
     lost = set(doc["meta"]["lost_pids"])
+    # bpftrace's script breaks its CPUs' chains of switches in every run here (cpu_gaps 12-50
+    # a capture; the compiled form: none) and names a pid lost in 2-4 runs of 5 (two runs on
+    # every build, a shared machine): its exact check must hold in one run of five at least.
+    took_lost_path(f"waits time model ({engine})", bool(lost) or bool(doc["meta"]["missed_runs"]),
+                   0.8 if engine == "bpftrace" else LOST_PATH_SHARE)  # fmt: skip
     sleep_s = total_us(rows, pids["sleeper"], "wait", "Timeout", "PgSleep") / 1e6
     print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")
     exact_or_reported(rows, pids["sleeper"], sleep_s, 2.0, lost)
@@ -415,7 +439,8 @@ def test_time_model_against_truth(
     print([(r["category"], r["wait_event"], r["total_us"], r["sleeps"]) for r in rows
            if r["pid"] == pids["blocked"]])  # fmt: skip
     exact_or_reported(rows, pids["blocked"], waits_s, truth, lost)
-    assert lock_s >= 0.9 * truth, (lock_s, truth)
+    if pids["blocked"] not in lost:  # lost: the sleep is "not accounted" (counted above)
+        assert lock_s >= 0.9 * truth, (lock_s, truth)
 
     # Stolen time (/proc/stat counts it in whole ticks, truncated): at most one tick more.
     unseen = doc["meta"]["unseen_events"]
@@ -503,6 +528,17 @@ def test_time_model_against_truth(
     left_us = total_us(rows, leaver, "not accounted")
     assert left_us >= -1_000, left_us
 
+    # Percentiles of the known spread: a log2 histogram tells the power-of-two bucket each
+    # lies in (docs/waits.md), so each estimate is in its truth's: 3 ms in [2.048, 4.096),
+    # 40 ms in [32.768, 65.536). The count: 200, or one more where a stale SIGALRM (above)
+    # split a sleep in two.
+    (spread,) = [r for r in rows if r["pid"] == pids["spread"] and r["category"] == "wait"
+                 and r["wait_event"] == "PgSleep"]  # fmt: skip
+    print(f"spread: {spread['sleeps']} sleeps, P50 {spread['p50_us']}, P99 {spread['p99_us']} us")
+    if pids["spread"] not in lost:
+        assert 200 <= spread["sleeps"] <= 201, spread
+        assert 2048 <= spread["p50_us"] < 4096 and 32768 <= spread["p99_us"] < 65536, spread
+
     # Background processes: their main-loop event now, when pgprobe saw them sleep in it.
     checked = 0
     for pid, (btype, wtype, wevent) in background.items():
@@ -564,6 +600,7 @@ def test_interval_windows_add_up_to_the_truth(waits_cluster: PgCluster) -> None:
     missed = sum(d["meta"]["missed_runs"] for d in docs)
     assert len(docs) >= 10 or missed, (len(docs), [d["meta"]["window_s"] for d in docs])
     lost = set().union(*(d["meta"]["lost_pids"] for d in docs))
+    took_lost_path("waits --interval windows", pid in lost or bool(missed))
     sleep_s = sum(total_us(d["rows"], pid, "wait", "Timeout", "PgSleep") for d in docs) / 1e6
     cpu_us = sum(total_us(d["rows"], pid, "on CPU") for d in docs)
     windows = [round(d["meta"]["window_s"], 3) for d in docs]
@@ -624,6 +661,7 @@ def test_idle_in_transaction_is_active_time(waits_cluster: PgCluster) -> None:
     assert state == "idle in transaction"
     rows = json.loads(out)["rows"]
     lost = set(json.loads(out)["meta"]["lost_pids"])
+    took_lost_path("waits idle in transaction", pids["intx"] in lost)
     truth = ended - began
     in_tx = [r for r in rows if r["pid"] == pids["intx"] and r["state"] == "idle in transaction"]
     measured = sum(r["total_us"] for r in in_tx) / 1e6
@@ -714,4 +752,5 @@ def test_interval_restarts_the_tracer_past_the_exited_bound(waits_cluster: PgClu
     print(f"\nwindows {windows}; untraced {gaps} s; PgSleep {sleep_s:.4f} s (truth 4.0); "
           f"stderr {err.strip()!r}")  # fmt: skip
     assert len(gaps) == 1 and 0 < gaps[0] < 60, gaps
+    took_lost_path("waits tracer restart", pid in lost)
     exact_or_reported([r for d in docs for r in d["rows"]], pid, sleep_s, 4.0, lost)

@@ -69,18 +69,20 @@ def waits_stacks(pg: PgCluster, out: Path, fmt: str, *more: str) -> subprocess.P
     return probe
 
 
-def capture(pg: PgCluster, out: Path, fmt: str) -> tuple[dict[str, Any], str]:
-    """`pgprobe waits --stacks --json -o out` over a backend's pg_sleep(SLEEP_S):
-    (the JSON document, stderr)."""
+def capture(pg: PgCluster, out: Path, fmt: str) -> tuple[dict[str, Any], str, int]:
+    """`pgprobe waits --stacks --json -o out` over a backend's pg_sleep(SLEEP_S), the backend
+    connected in the capture: (the JSON document, stderr, the backend's pid)."""
     argv = [sys.executable, "-m", "pgprobe", "waits", *pg.conn_args, "-d", "12", "--stacks",
             "--format", fmt, "-o", str(out), "--json"]  # fmt: skip
     probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=CHECKOUT)  # fmt: skip
     wait_attached(probe)
     done = threading.Event()
+    pids: list[int] = []
 
     def sleeper() -> None:
         with pg.connect() as conn:
+            pids.append(conn.info.backend_pid)
             conn.execute(f"SELECT pg_sleep({SLEEP_S})")
         done.set()
 
@@ -90,7 +92,7 @@ def capture(pg: PgCluster, out: Path, fmt: str) -> tuple[dict[str, Any], str]:
     stdout, stderr = stop_early(probe)
     assert probe.returncode == 0, stderr
     assert done.is_set(), "pg_sleep did not end inside the capture"
-    return json.loads(stdout), stderr
+    return json.loads(stdout), stderr, pids[0]
 
 
 def model_by_event(doc: dict[str, Any]) -> dict[str, int]:
@@ -115,7 +117,7 @@ def test_off_cpu_stacks_against_pg_sleep_and_the_time_model(
     stacks_cluster: PgCluster, pg_build: PgBuild, tmp_path: Path
 ) -> None:
     folded = tmp_path / "offcpu.folded"
-    doc, stderr = capture(stacks_cluster, folded, "folded")
+    doc, stderr, sleeper = capture(stacks_cluster, folded, "folded")
     sleeps = [s for s in doc["meta"]["stacks"] if s["wait_event"] == "PgSleep"]
     total_s = sum(s["off_cpu_ns"] for s in sleeps) / 1e9
     # on a failure: what the capture held besides (a CI run once had no PgSleep stack)
@@ -139,6 +141,7 @@ def test_off_cpu_stacks_against_pg_sleep_and_the_time_model(
     assert set(stacked) == {e for e, ns in model.items() if ns >= 1000}, (model, stacked)
     for event, ns in stacked.items():
         assert ns == pytest.approx(model[event], rel=0.01, abs=2000), event
+    assert_real_stacks(doc, sleeper)
 
     # The folded file (microseconds, rooted at the wait event) is the JSON's stacks but the
     # idle ones (left out without --idle).
@@ -154,9 +157,36 @@ def test_off_cpu_stacks_against_pg_sleep_and_the_time_model(
         assert us * 1000 == pytest.approx(drawn[event], rel=0.01, abs=50_000), event
 
 
+def assert_real_stacks(doc: dict[str, Any], born_in_window: int) -> None:
+    """How much of the time has a real stack, the rest being the time model's remainder
+    ("[no stack: asleep since ...]", which makes each event add up to its row whatever the
+    stacks hold). A sleep that begins in the capture has its switch-out, hence its stack:
+    only the one sleep a process is in when the capture begins can lack one, and it lasts
+    at most the window. So: per process, stack-less time in one event at most, at most the
+    window long; a backend connected in the capture: all of its time has a stack (floor
+    100 %), as has Timeout:PgSleep's."""
+    window_ns = doc["meta"]["window_s"] * 1e9
+    stackless: dict[int, Counter[str]] = {}
+    real: Counter[str] = Counter()
+    for s in doc["meta"]["stacks"]:
+        event = stacks.wait_frame(s["wait_event_type"], s["wait_event"])
+        if s["stack"].startswith("[no stack"):
+            stackless.setdefault(s["pid"], Counter())[event] += s["off_cpu_ns"]
+        else:
+            real[event] += s["off_cpu_ns"]
+    by_event = stacks_by_event(doc)
+    shares = {e: round(real[e] / ns, 3) for e, ns in by_event.items() if ns}
+    print(f"share of each event's time with a real stack: {shares}")
+    for pid, events in stackless.items():
+        assert len(events) == 1 and sum(events.values()) <= window_ns + 1e6, (pid, events)
+    mine = [s for s in doc["meta"]["stacks"] if s["pid"] == born_in_window]
+    assert mine and born_in_window not in stackless, (mine, stackless.get(born_in_window))
+    assert shares[PGSLEEP] == 1.0, shares
+
+
 def test_pprof_off_cpu_nanoseconds_read_by_go(stacks_cluster: PgCluster, tmp_path: Path) -> None:
     path = tmp_path / "offcpu.pb.gz"
-    doc, _ = capture(stacks_cluster, path, "pprof")
+    doc, _, _ = capture(stacks_cluster, path, "pprof")
     types, sums, pids = raw_totals(path)
     assert [t.removesuffix("[dflt]") for t in types] == ["off_cpu/nanoseconds"]
     # idle time is left out of the profile (not --idle), kept in the JSON, flagged

@@ -7,8 +7,9 @@ verdict goes into the matrix, when it fails after recording the cell says
 FAILED, before recording "not run" (and the run has failed anyway, so CI stops
 before the table's check). At the end of the session, with
 PGPROBE_TESTED_ON=FILE set (.ci/run sets it), the matrix is written to FILE
-as JSON: the builds (version, source, probes, symbols, frame pointers) and
-the cells. The terminal summary also prints the time spent per build.
+as JSON: the builds (version, source; probes, symbols, frame pointers as
+readelf, nm and objdump read them: binfacts.py) and the cells. The terminal
+summary also prints the time spent per build.
 
 Then, as a script:
     python tests/tested_on.py --check FILE   exit 1 when docs/support.md's table differs
@@ -69,13 +70,16 @@ def write(config: pytest.Config) -> None:
     target = os.environ.get("PGPROBE_TESTED_ON")
     if not target or not _cells:
         return
+    from binfacts import binary_facts  # binutils' reading, not pgbuilds' (test_doctor)
+
     builds = []
     for build in _builds:
         if build.id not in _cells:
             continue
+        facts = binary_facts(str(build.postgres))
         builds.append({"id": build.id, "version": build.version, "source": build.source,
-                       "usdt": build.has_usdt, "stripped": build.stripped,
-                       "frame_pointers": build.frame_pointers})  # fmt: skip
+                       "usdt": facts.usdt, "stripped": facts.stripped,
+                       "frame_pointers": facts.frame_pointers})  # fmt: skip
     doc = {"builds": builds, "cells": _cells, "seconds": _seconds}
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     Path(target).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
