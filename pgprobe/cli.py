@@ -67,6 +67,7 @@ COMMANDS = {
     "waits": "pgprobe.tools.waits",
     "queries": "pgprobe.tools.queries",
     "locks": "pgprobe.tools.locks",
+    "top": "pgprobe.tools.top",
     "backends": "pgprobe.tools.backends",
     "doctor": "pgprobe.tools.doctor",
     "flame": "pgprobe.tools.flame",

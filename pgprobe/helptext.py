@@ -104,6 +104,13 @@ _EXAMPLES: dict[str, list[Example]] = {
             "the report's findings and data as JSON too",
         ),
     ],
+    "top": [
+        ("sudo pgprobe top -U postgres", "the live view: DB time by class, statements, ..."),
+        ("sudo pgprobe top -U postgres --interval 1 --view backends", "per backend, each second"),
+        ("sudo pgprobe top -U postgres --database shop", "only one database's backends"),
+        ("sudo pgprobe top -U postgres --once", "one window as text, as top -b -n 1"),
+        ("sudo pgprobe top -U postgres --batch 3 --json", "three windows, a JSON line each"),
+    ],
     "serve": [
         ("sudo pgprobe serve -U postgres", "/metrics and a pprof profile on 127.0.0.1:9433"),
         (

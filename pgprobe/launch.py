@@ -6,7 +6,7 @@ took 1.1-1.9 s of wall for about 0.2 s of CPU and discovery 1.0-1.6 s
 (docs/benchmarks.md). The tracer already runs raised (engines/runner.py); this raises
 pgprobe, and its session's autogroup, for the command's few seconds (pgprobe.priority),
 and puts the autogroup back at exit, on SIGTERM and on SIGHUP. `serve`, a long-running
-agent, keeps the priority it was started with.
+agent, and `top`, a live view, keep the priority they were started with.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from types import FrameType
 
 from pgprobe import priority
 
-LONG_RUNNING = frozenset({"serve"})
+LONG_RUNNING = frozenset({"serve", "top"})
 
 
 def wants_priority(argv: list[str]) -> bool:

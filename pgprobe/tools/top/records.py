@@ -1,0 +1,242 @@
+"""What `pgprobe top` shows of one refresh: pure functions, no I/O.
+
+The time model's window (tools/waits/records: each process's time since the last refresh),
+its statements (tools/queries/records) and lock waits (tools/locks/records), and the
+sessions pg_stat_activity showed at the refresh, into one Frame: DB time split by class
+(average active sessions, against the CPUs), one row per backend, per wait event, per
+statement and per lock. DB time = on CPU + waiting for a CPU + the waits that are not
+idle (as the time model's `idle`: a ClientRead between transactions, a main loop).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgprobe import waitevents
+from pgprobe.tools.locks.records import LockRow
+from pgprobe.tools.queries.records import StatementTime, named_waits
+from pgprobe.tools.waits.records import ProcessTime
+from pgprobe.waitevents import backend_state
+
+# The header's classes of DB time, in the order drawn; then what is not DB time.
+CLASSES = ("CPU", "runqueue", "IO", "Lock", "LWLock", "Client", "other")
+IDLE, UNKNOWN = "idle", "unknown"  # not DB time: idle; asleep since before the capture
+VIEWS = ("statements", "backends", "waits", "locks")
+
+
+def wait_class(major: int, wei: int) -> str:
+    """The class of a sleep in wait event `wei`: one of CLASSES, IDLE or UNKNOWN."""
+    if wei == waitevents.BEFORE_CAPTURE:
+        return UNKNOWN
+    state = backend_state.state_of(major, wei)
+    if state is not None:  # ClientRead with the backend's state
+        category = backend_state.category(state)
+        return IDLE if category == "idle" else UNKNOWN if category == "unknown" else "Client"
+    wtype, wname = waitevents.name(major, wei)
+    if waitevents.is_idle(wtype, wname):
+        return IDLE
+    return wtype if wtype in CLASSES else "other"
+
+
+def event_name(major: int, wei: int) -> str:
+    """The "Type:Name" pg_stat_activity shows a wait event (with ClientRead's state)."""
+    wtype, wname = waitevents.name(major, wei)
+    state = backend_state.state_of(major, wei)
+    name = f"{wname} ({state})" if state else wname
+    return f"{wtype}:{name}" if wtype else name
+
+
+@dataclass(frozen=True)
+class Session:
+    """A backend as pg_stat_activity showed it at the refresh."""
+
+    pid: int
+    backend_type: str = ""
+    application_name: str = ""
+    client: str = ""
+    state: str = ""
+    xact_age_s: float | None = None
+    wait_event: str = ""  # "Type:Name" now, "" when none
+    query: str = ""
+    datname: str = ""
+    usename: str = ""
+
+
+@dataclass
+class BackendRow:
+    """One process over the window: its time by class (ns) and its session now."""
+
+    pid: int
+    wall_ns: int
+    by_class: dict[str, int]
+    top_wait: str  # the wait event it slept longest in (DB time only), "" when none
+    session: Session
+    exited: bool = False
+
+    @property
+    def db_ns(self) -> int:
+        return sum(self.by_class.get(c, 0) for c in CLASSES)
+
+    def as_json(self) -> dict[str, Any]:
+        s = self.session
+        return {"view": "backends", "pid": self.pid, "backend_type": s.backend_type,
+                "application_name": s.application_name, "client": s.client,
+                "datname": s.datname, "usename": s.usename, "state": s.state,
+                "xact_age_s": s.xact_age_s, "wait_event_now": s.wait_event,
+                "wall_us": _us(self.wall_ns), "db_time_us": _us(self.db_ns),
+                **{f"{_key(c)}_us": _us(self.by_class.get(c, 0))
+                   for c in (*CLASSES, IDLE, UNKNOWN)},
+                "not_accounted_us": _us(self.wall_ns - sum(self.by_class.values())),
+                "top_wait": self.top_wait, "exited": self.exited, "query": s.query}  # fmt: skip
+
+
+@dataclass
+class WaitRow:
+    """One wait event (or on CPU, runqueue) over the window, all processes."""
+
+    event: str  # "Type:Name", or "CPU:on CPU", "CPU:runqueue"
+    wclass: str
+    ns: int = 0
+    sleeps: int = 0
+    pids: set[int] = field(default_factory=set)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"view": "waits", "event": self.event, "class": self.wclass,
+                "total_us": _us(self.ns), "sleeps": self.sleeps,
+                "backends": len(self.pids)}  # fmt: skip
+
+
+@dataclass
+class Frame:
+    """One refresh: the window's time model and what was seen with it."""
+
+    start_ns: int  # the window on the kernel's monotonic clock
+    end_ns: int
+    end_unix_s: float
+    cpus: int
+    by_class: dict[str, int]  # DB time classes, IDLE, UNKNOWN: ns over every process
+    process_ns: int  # the processes' wall time in the window (the sum of by_class + rest)
+    backends: list[BackendRow]
+    waits: list[WaitRow]
+    statements: list[StatementTime]
+    locks: list[LockRow]
+    lock_label: Callable[[LockRow], str]
+    lost: list[str]  # one line each: what the capture lost in this window
+    major: int
+
+    @property
+    def window_s(self) -> float:
+        return max(self.end_ns - self.start_ns, 0) / 1e9
+
+    @property
+    def db_ns(self) -> int:
+        return sum(self.by_class.get(c, 0) for c in CLASSES)
+
+    def aas(self, cls: str | None = None) -> float:
+        """Average active sessions: DB time (of one class) per second of the window."""
+        ns = self.db_ns if cls is None else self.by_class.get(cls, 0)
+        return ns / (self.end_ns - self.start_ns) if self.end_ns > self.start_ns else 0.0
+
+
+def _key(cls: str) -> str:
+    return cls.lower().replace(" ", "_")
+
+
+def _us(ns: int) -> float:
+    return round(ns / 1000, 3)
+
+
+def process_classes(p: ProcessTime, major: int) -> dict[str, int]:
+    """One process's window by class (ns): CLASSES, IDLE, UNKNOWN."""
+    out: dict[str, int] = defaultdict(int)
+    out["CPU"] = p.cpu_ns
+    out["runqueue"] = sum(p.runq_ns.values())
+    for wei, ns in p.wait_ns.items():
+        out[wait_class(major, wei)] += ns
+    return dict(out)
+
+
+def backends(
+    procs: Iterable[ProcessTime], major: int, sessions: dict[int, Session]
+) -> list[BackendRow]:
+    """One row per process of the window, the most DB time first."""
+    out = []
+    for p in procs:
+        waits = [(ns, wei) for wei, ns in p.wait_ns.items()
+                 if ns > 0 and wait_class(major, wei) in CLASSES]  # fmt: skip
+        top = event_name(major, max(waits)[1]) if waits else ""
+        session = sessions.get(p.pid) or Session(p.pid, "(exited)" if p.exited else "")
+        out.append(BackendRow(p.pid, p.wall_ns, process_classes(p, major), top, session,
+                              p.exited))  # fmt: skip
+    return sorted(out, key=lambda r: (-r.db_ns, r.pid))
+
+
+def waits(procs: Iterable[ProcessTime], major: int) -> list[WaitRow]:
+    """One row per wait event with DB time (and on CPU, runqueue), the longest first."""
+    rows: dict[str, WaitRow] = {}
+
+    def add(event: str, cls: str, pid: int, ns: int, sleeps: int = 0) -> None:
+        if ns <= 0:
+            return
+        row = rows.setdefault(event, WaitRow(event, cls))
+        row.ns += ns
+        row.sleeps += sleeps
+        row.pids.add(pid)
+
+    for p in procs:
+        add("CPU:on CPU", "CPU", p.pid, p.cpu_ns)
+        add("CPU:runqueue", "runqueue", p.pid, sum(p.runq_ns.values()))
+        for wei, ns in p.wait_ns.items():
+            cls = wait_class(major, wei)
+            if cls in CLASSES:
+                hist = p.wait_hist.get(wei)
+                add(event_name(major, wei), cls, p.pid, ns, hist.count if hist else 0)
+    return sorted(rows.values(), key=lambda r: -r.ns)
+
+
+def totals(rows: Iterable[BackendRow]) -> tuple[dict[str, int], int]:
+    """The classes summed over the processes, and their wall time."""
+    out: dict[str, int] = defaultdict(int)
+    wall = 0
+    for r in rows:
+        wall += r.wall_ns
+        for cls, ns in r.by_class.items():
+            out[cls] += ns
+    return dict(out), wall
+
+
+def statement_waits(row: StatementTime, major: int) -> str:
+    """A statement's two longest waits, "Type:Name 1.23" (seconds)."""
+    return ", ".join(f"{name} {ns / 1e9:.2f}" for name, ns in named_waits(row, major, 2))
+
+
+def meta(frame: Frame) -> dict[str, Any]:
+    """The refresh's header as data (the JSON document's meta, beside the common keys)."""
+    return {
+        "window_s": round(frame.window_s, 6),
+        "cpus": frame.cpus,
+        "db_time_us": _us(frame.db_ns),
+        "aas": round(frame.aas(), 4),
+        "aas_by_class": {_key(c): round(frame.aas(c), 4) for c in CLASSES},
+        "seconds_by_class": {
+            _key(c): round(frame.by_class.get(c, 0) / 1e9, 6) for c in (*CLASSES, IDLE, UNKNOWN)
+        },  # fmt: skip
+        "process_seconds": round(frame.process_ns / 1e9, 6),
+        "processes": len(frame.backends),
+        "lost": list(frame.lost),
+    }
+
+
+def rows(frame: Frame) -> list[dict[str, Any]]:
+    """Every row of every view, each with its `view` key (the JSON document's rows)."""
+    window = frame.end_ns - frame.start_ns
+    db = frame.db_ns
+    out: list[dict[str, Any]] = [r.as_json() for r in frame.backends]
+    out += [w.as_json() for w in frame.waits]
+    out += [{"view": "statements", **s.as_json(frame.major, db, window)}
+            for s in frame.statements]  # fmt: skip
+    out += [{"view": "locks", **r.as_json(frame.major, frame.lock_label(r))} for r in frame.locks]
+    return out

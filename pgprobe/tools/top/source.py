@@ -1,0 +1,217 @@
+"""`pgprobe top`'s data: the compiled time model running all along (with its query and lock
+dimensions where this build has them), a Frame at each refresh, never a restart per refresh.
+
+The object's maps keep running totals: a refresh reads them (engines.compiled's interval
+snapshot) and its window is the difference with the read before (tools/waits/records.since),
+so no time falls between two refreshes; `interval` may change between two reads (`+`, `-`).
+Past records.RECYCLE_AFTER_EXITED exited processes in the maps (connection churn) the
+capture is stopped and started again, as `waits --interval` does, and the refresh says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+from pgprobe import discover, proc
+from pgprobe.discover import Targets
+from pgprobe.engines.base import RunInfo, Snapshot
+from pgprobe.engines.compiled import CompiledCapture
+from pgprobe.errors import EXIT_ENV, PgprobeError
+from pgprobe.pgstats import relnames
+from pgprobe.pgstats import statements as pgss
+from pgprobe.tools.locks import records as lock_records
+from pgprobe.tools.queries import records as query_records
+from pgprobe.tools.top import records
+from pgprobe.tools.top.sessions import Sessions
+from pgprobe.tools.waits import compiled, lockdim, probe, querydim
+from pgprobe.tools.waits import records as waits_records
+from pgprobe.tools.waits.targets import counted, identities, ours, present, run_counts, watched
+from pgprobe.waitevents import address, lockwait, statement
+
+
+@dataclass
+class Dimensions:
+    """What the capture keys beside the time model; a note for each it cannot."""
+
+    query: querydim.Dimension | None
+    locks: lockdim.Dimension | None
+    notes: list[str] = field(default_factory=list)
+
+
+def dimensions(targets: Targets, where: address.WaitEventAddress) -> Dimensions:
+    """The statement and lock dimensions this build allows (each view without one says why)."""
+    cluster, notes = targets.cluster, []
+    found = statement.address_of(where, cluster.major)
+    computed = True
+    if cluster.conninfo is not None:
+        with discover.connect_conninfo(cluster.conninfo) as conn:
+            computed = pgss.query_ids(conn).computed
+    query = querydim.Dimension(found, text_hash=not computed) if found else None
+    if query is None:
+        notes.append(f"no statements: {cluster.binary} has no MyBEEntry, or this major's "
+                     "offsets are not known")  # fmt: skip
+    lock = lockwait.find(where, cluster.major)
+    if lock is None:
+        notes.append(f"no locks: {cluster.binary} has no {lockwait.SYMBOL}, or this major's "
+                     "offsets are not known")  # fmt: skip
+    return Dimensions(query, lockdim.Dimension(lock) if lock else None, notes)
+
+
+def check(ns: argparse.Namespace) -> None:
+    """top runs on the compiled time model only: refused in one line without it."""
+    why = compiled.why_not(ns)
+    if why is not None:
+        why = why or "it runs on bpftrace with libbpf only"
+        raise PgprobeError(f"top needs the compiled time model: {why}", EXIT_ENV)
+
+
+class Source:
+    """The running capture and what each refresh adds to it."""
+
+    def __init__(self, targets: Targets, interval: int, duration: float | None) -> None:
+        self.targets = targets
+        cluster = targets.cluster
+        self.where = address.find(cluster.postmaster_pid, cluster.binary)
+        self.dims = dimensions(targets, self.where)
+        self.sessions = Sessions(cluster.conninfo)
+        self.names = relnames.RelationNames()
+        self.interval = interval
+        self.duration = duration
+        self.started = time.monotonic()
+        self.cpus = os.cpu_count() or 1
+        self.capture: CompiledCapture | None = None
+        self.on_tick: Callable[[RunInfo, float | None], None] | None = None
+        self.gone = ""  # the server went away: why, in one line
+        self.info: RunInfo | None = None
+        self.snapshot = Snapshot(label="")  # the last refresh's (its common meta)
+        self._stop = False
+
+    def set_interval(self, seconds: int) -> None:
+        """The next refreshes every `seconds` (from the one after the next)."""
+        self.interval = seconds
+        if self.capture is not None:
+            self.capture.interval = seconds
+
+    def stop(self) -> None:
+        self._stop = True
+        if self.capture is not None:
+            self.capture.request_stop()
+
+    def frames(self) -> Generator[records.Frame, None, None]:
+        """A Frame at each refresh until stopped, the duration ends or the server is gone."""
+        restarted = ""
+        while not self._stop:
+            left = None if self.duration is None else self.duration - (time.monotonic()
+                                                                       - self.started)  # fmt: skip
+            if left is not None and left < 1:
+                return
+            recycle = yield from self._one_capture(left, restarted)
+            if recycle is None or self.gone:
+                return
+            restarted = (f"the capture was started again (its maps held {recycle:,} exited "
+                         "processes): the seconds it took to attach are in no window")  # fmt: skip
+
+    def _one_capture(
+        self, duration: float | None, note: str
+    ) -> Generator[records.Frame, None, int | None]:
+        targets = self.targets
+        discovered = identities(run_counts(watched(targets)))
+        args = probe.script_args(targets, self.where, self.interval)
+        capture = compiled.capture(args, duration, query=self.dims.query, locks=self.dims.locks)
+        self.capture = capture
+        capture.on_tick = self.on_tick
+        self.info = capture.info
+        self.sessions.read()  # pg_stat_statements' first counters, before the first window
+        previous: Snapshot | None = None
+        recycle: int | None = None
+        failed = 0
+        for event in capture.events():
+            if not isinstance(event, Snapshot):
+                continue
+            frame = self.frame(previous, event, present(discovered), capture.info, failed)
+            if note:
+                frame.lost.append(note)
+                note = ""
+            failed = capture.info.failed_map_updates
+            exited = waits_records.exited(event)
+            if exited >= waits_records.RECYCLE_AFTER_EXITED and recycle is None:
+                recycle = exited
+                capture.request_stop()
+            if not proc.exists(targets.cluster.postmaster_pid):
+                self.gone = (f"the server is gone: postmaster {targets.cluster.postmaster_pid} "
+                             "exited")  # fmt: skip
+                frame.lost.append(self.gone)
+                capture.request_stop()
+            previous = self.snapshot = event
+            yield frame
+        return recycle
+
+    def frame(
+        self,
+        previous: Snapshot | None,
+        snapshot: Snapshot,
+        alive: list[int],
+        info: RunInfo,
+        failed_before: int,
+    ) -> records.Frame:
+        """One refresh: the window since `previous` of every view."""
+        targets, major = self.targets, self.targets.cluster.major
+        reading = self.sessions.read()
+        own = self.sessions.own_pid
+        keep = counted(targets)
+
+        def kept(pid: int) -> bool:
+            return pid != own and keep(pid)
+
+        procs = [p for p in waits_records.since(previous, snapshot, alive, ours(targets))
+                 if kept(p.pid)]  # fmt: skip
+        backends = records.backends(procs, major, reading.sessions)
+        by_class, wall = records.totals(backends)
+        charged = query_records.charges(snapshot, previous)
+        statements = query_records.statements(major, charged, kept)
+        query_records.add_counters(statements, reading.calls)
+        ids = [s.query_id for s in statements[:50] if s.query_id is not None
+               and not s.text_keyed]  # fmt: skip
+        query_records.add_texts(statements, self.sessions.statement_texts(ids),
+                                self.sessions.text_keys)  # fmt: skip
+        waits = lock_records.since(lock_records.lock_waits(previous, kept) if previous else [],
+                                   lock_records.lock_waits(snapshot, kept))  # fmt: skip
+        dbs, rels = lock_records.oids(waits, major)
+        if not self.names.covers(dbs, rels) and reading.error == "":
+            self.names.update(relnames.read_conninfo(targets.cluster.conninfo, dbs, rels))
+        names = self.names
+
+        def label(row: lock_records.LockRow) -> str:
+            return lock_records.label(row.tag, major, names)
+
+        start, end = waits_records.window(snapshot, previous)
+        lost = self._lost(snapshot, previous, info, failed_before, reading.error)
+        return records.Frame(start, end, time.time() - (time.monotonic_ns() - end) / 1e9,
+                             self.cpus, by_class, wall, backends, records.waits(procs, major),
+                             statements, lock_records.by_lock(waits), label, lost,
+                             major)  # fmt: skip
+
+    def _lost(
+        self,
+        snapshot: Snapshot,
+        previous: Snapshot | None,
+        info: RunInfo,
+        failed_before: int,
+        sql_error: str,
+    ) -> list[str]:
+        """What this window lost, one line each (the time model's own words)."""
+        lost = []
+        unseen = waits_records.unseen(snapshot, previous)
+        line = waits_records.lost_warning(unseen, waits_records.gap_ns(snapshot, previous) / 1e6)
+        if line:
+            lost.append(line)
+        if info.failed_map_updates > failed_before:
+            lost.append(f"{info.failed_map_updates - failed_before} updates refused by full "
+                        "BPF maps (counts are low)")  # fmt: skip
+        if sql_error:
+            lost.append(f"{sql_error} (names and calls are the last seen)")
+        return lost

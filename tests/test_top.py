@@ -1,0 +1,298 @@
+"""`pgprobe top` in a real terminal (tmux: send-keys, capture-pane) against a loaded
+throwaway cluster, and its --batch JSON lines, every figure against a truth of its own:
+a pg_sleep session is ~1 s per second of Timeout:PgSleep; a CPU burner's CPU in a window
+is its /proc/PID/schedstat growth over the same seconds (sampled every few ms by the
+test, on the client's clock); three --batch windows follow each other without a gap and
+add up to the span the client saw them in. Run once (not per build): the screen does not
+depend on the server's version, and the time model's numbers are checked per build by
+tests/test_waits*.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers import CHECKOUT, need, run_pgprobe
+
+from pgprobe.sandbox import PgCluster
+from pgprobe.tools.waits import compiled
+
+SESSION = "pgprobe-top-test"
+
+
+@pytest.fixture
+def ready(tracing: None) -> None:
+    need(shutil.which("tmux") is not None, "tmux is not installed")
+    need(compiled.object_path() is not None, "bpf/build/waits.bpf.o is not built")
+
+
+class Load:
+    """Sessions that keep busy until closed: each its own connection and pid."""
+
+    def __init__(self, pg: PgCluster) -> None:
+        self.pg = pg
+        self.pids: dict[str, int] = {}
+        self.threads: list[threading.Thread] = []
+
+    def start(self, name: str, sql: str) -> int:
+        conn = self.pg.connect(application_name=name)
+        self.pids[name] = int(conn.info.backend_pid)
+
+        def run() -> None:
+            with conn, conn.cursor() as cur:
+                try:
+                    cur.execute("SET statement_timeout = '90s'")
+                    cur.execute(sql)
+                except psycopg.Error:
+                    pass  # cancelled at the end
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return self.pids[name]
+
+    def stop(self) -> None:
+        for pid in self.pids.values():
+            self.pg.sql(f"SELECT pg_cancel_backend({pid})")
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+
+@pytest.fixture
+def load(cluster: PgCluster) -> Iterator[Load]:
+    sessions = Load(cluster)
+    yield sessions
+    sessions.stop()
+
+
+def cpu_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+class CpuClock:
+    """A process's CPU time (schedstat) every few ms, on the client's clock."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.points: list[tuple[float, int]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.003):
+            try:
+                self.points.append((time.time(), cpu_ns(self.pid)))
+            except OSError:
+                return  # gone: the test is over
+
+    def at(self, when: float) -> float:
+        """CPU ns at `when`, between the two samples around it."""
+        for (t0, c0), (t1, c1) in zip(self.points, self.points[1:], strict=False):
+            if t0 <= when <= t1:
+                return c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+        raise AssertionError(f"no samples around {when}")
+
+
+class Screen:
+    """pgprobe top in a tmux pane of its own."""
+
+    def __init__(self, args: list[str], width: int = 80, height: int = 24) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+        cmd = " ".join([sys.executable, "-m", "pgprobe", "top", *args])
+        shell = f"cd {CHECKOUT} && {cmd}; echo EXITED $?; sleep 60"
+        subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", str(width),
+                        "-y", str(height), shell], check=True)  # fmt: skip
+        subprocess.run(["tmux", "set-option", "-t", SESSION, "window-size", "manual"],
+                       check=True)  # fmt: skip
+
+    def text(self) -> list[str]:
+        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", SESSION],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return out.split("\n")
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", SESSION, *keys], check=True)
+
+    def wait(self, ok: Callable[[list[str]], bool], what: str, timeout: float = 30) -> list[str]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            lines = self.text()
+            if ok(lines):
+                return lines
+            time.sleep(0.1)
+        raise AssertionError(f"{what}: not on the screen in {timeout} s:\n" + "\n".join(lines))
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+
+
+TITLE = re.compile(r"window (\d+\.\d{3}) s to (\d\d):(\d\d):(\d\d)\.(\d{3})")
+
+
+def window(lines: list[str]) -> tuple[float, float] | None:
+    """The screen's window: (its length, its end on the client's clock)."""
+    found = TITLE.search(lines[0])
+    if not found:
+        return None
+    length, h, m, s, ms = found.groups()
+    now = time.localtime()
+    end = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, int(h), int(m), int(s), 0, 0, -1))
+    return float(length), end + int(ms) / 1000
+
+
+def cell(lines: list[str], header: str, first: str) -> str:
+    """The cell under a right-aligned header, in the row that starts with `first`."""
+    head = next(line for line in lines[4:] if header in line)  # the table's, not the bar's
+    end = head.index(header) + len(header)
+    row = next(line for line in lines if line.split()[:1] == [first])
+    return row[:end].split()[-1]
+
+
+def legend(lines: list[str]) -> dict[str, float]:
+    text = " ".join(lines[1:5])
+    return {name: float(v) for name, v in re.findall(r"(CPU|runq|other) (\d+\.\d\d)", text)}
+
+
+def test_top_screen_follows_the_load_and_the_keys(cluster: PgCluster, ready: None,
+                                                  load: Load) -> None:  # fmt: skip
+    sleeper = load.start("top-sleeper", "SELECT pg_sleep(80)")
+    screen = Screen([*cluster.conn_args, "--interval", "1", "--view", "waits"])
+    try:
+        # Only the sleeper: ~1 session of Timeout:PgSleep, next to no CPU.
+        lines = screen.wait(lambda t: "Timeout:PgSleep" in "\n".join(t), "the pg_sleep row")
+        lines = screen.wait(lambda t: window(t) is not None and window(t)[0] > 0.9  # type: ignore[index]
+                            and "Timeout:PgSleep" in "\n".join(t), "a whole window")  # fmt: skip
+        length, _ = window(lines)  # type: ignore[misc]
+        seconds = float(cell(lines, "SECONDS", "Timeout:PgSleep"))
+        assert abs(seconds - length) <= 0.01 * length, (seconds, length, lines)
+        assert 0.98 <= float(cell(lines, "AAS", "Timeout:PgSleep")) <= 1.02, lines
+        before = legend(lines)
+        assert before["CPU"] + before["runq"] < 0.3 and before["other"] >= 0.98, lines
+
+        # A CPU burner: the header's split and the rows follow; its CPU is schedstat's.
+        burner = load.start("top-burner", "DO $$BEGIN LOOP END LOOP; END$$")
+        clock = CpuClock(burner)
+        screen.keys("2")  # backends
+        lines = screen.wait(lambda t: any(ln.split()[:1] == [str(burner)] for ln in t)
+                            and legend(t).get("CPU", 0) + legend(t).get("runq", 0) > 0.8
+                            and "XACT s" in "\n".join(t), "the burner's row")  # fmt: skip
+
+        def sampled(t: list[str]) -> bool:  # a window all within the client's samples
+            seen = window(t)
+            return seen is not None and seen[1] - seen[0] > clock.points[0][0]
+
+        lines = screen.wait(sampled, "a window of the burner's")
+        for _ in range(3):  # three windows in a row, each against schedstat
+            seen = window(lines)
+            assert seen is not None
+            length, end = seen
+            time.sleep(max(0.0, end + 0.05 - time.time()))
+            truth = (clock.at(end) - clock.at(end - length)) / 1e9
+            shown = float(cell(lines, "CPU s", str(burner)))
+            assert abs(shown - truth) <= 0.05 * truth, (shown, truth, lines)
+            lines = screen.wait(lambda t, e=end: (window(t) or (0, e))[1] > e + 0.5, "next")
+        clock.done.set()
+
+        # Sort: CPU first, the burner on top; r reverses.
+        screen.keys(">")
+        lines = screen.wait(lambda t: "sort: CPU ▼" in "\n".join(t), "sort by CPU")
+        first_row = next(i for i, ln in enumerate(lines) if "PID" in ln) + 1
+        assert lines[first_row].split()[0] == str(burner), lines
+        screen.keys("r")
+        screen.wait(lambda t: "sort: CPU ▲" in "\n".join(t), "ascending")
+        screen.keys("r")
+
+        # Filter: only the sleeper's row.
+        screen.keys("/", *"top-sleeper", "Enter")
+        lines = screen.wait(lambda t: "filter: top-sleeper" in "\n".join(t), "the filter")
+        pids = {ln.split()[0] for ln in lines[6:] if ln.split()[:1] and ln.split()[0].isdigit()}
+        assert pids == {str(sleeper)}, lines
+
+        # Enter: the row's time model and statement; Enter again: back.
+        screen.keys("Enter")
+        lines = screen.wait(lambda t: f"pid {sleeper}:" in "\n".join(t), "the details")
+        assert "SELECT pg_sleep(80)" in "\n".join(lines) and "other" in "\n".join(lines)
+        screen.keys("Enter", "/", "Escape")
+        screen.wait(lambda t: "filter:" not in "\n".join(t), "the filter dropped")
+
+        # Pause: the window stays; Space again and it moves on.
+        screen.keys("Space")
+        lines = screen.wait(lambda t: "PAUSED" in t[0], "paused")
+        paused = window(lines)
+        time.sleep(2.5)
+        assert window(screen.text()) == paused
+        screen.keys("Space")
+        screen.wait(lambda t: window(t) != paused and "PAUSED" not in t[0], "running again")
+
+        # + and -: the refresh interval; the views a key each.
+        screen.keys("+")
+        screen.wait(lambda t: "refresh 2 s" in t[-1] or "refresh 2 s" in "\n".join(t), "+")
+        for key, header in (("1", "QUERY"), ("3", "WAIT EVENT"), ("4", "MODE WANTED")):
+            screen.keys(key)
+            screen.wait(lambda t, h=header: any(h in ln for ln in t[5:9]), f"view {key}")
+
+        # A larger terminal is used whole; q quits.
+        def resized(t: list[str]) -> bool:
+            if len(t) >= 32 and "q quit" in t[31]:
+                return True
+            subprocess.run(["tmux", "resize-window", "-t", SESSION, "-x", "120", "-y", "32"],
+                           check=True)  # fmt: skip
+            return False
+
+        screen.wait(resized, "the resized screen")
+        screen.keys("q")
+        screen.wait(lambda t: "EXITED 0" in "\n".join(t), "the exit")
+    finally:
+        screen.close()
+
+
+def test_top_batch_json_windows_add_up(cluster: PgCluster, ready: None, load: Load) -> None:
+    sleeper = load.start("top-sleeper", "SELECT pg_sleep(60)")
+    began = time.time()
+    done = run_pgprobe(["top", *cluster.conn_args, "--batch", "3", "--json", "--interval", "1"])
+    ended = time.time()
+    assert done.returncode == 0, done.stderr
+    docs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(docs) == 3, done.stdout[:2000]
+    edges = [d["meta"]["window_unix_s"] for d in docs]
+    assert began < edges[0][0] and edges[-1][1] < ended, (began, edges, ended)
+    for (_, end), (start, _) in zip(edges, edges[1:], strict=False):
+        assert abs(start - end) < 0.002, edges  # no gap, no overlap between refreshes
+    total = sum(d["meta"]["window_s"] for d in docs)
+    assert abs(total - (edges[-1][1] - edges[0][0])) < 0.005, (total, edges)
+    for doc in docs:
+        meta = doc["meta"]
+        assert 0.8 <= meta["window_s"] <= 1.5, meta
+        classes = sum(meta["seconds_by_class"].values())
+        assert classes <= meta["process_seconds"] + 0.001, meta
+        assert classes >= 0.99 * meta["process_seconds"], meta
+        row = next(r for r in doc["rows"] if r["view"] == "backends" and r["pid"] == sleeper)
+        assert abs(row["wall_us"] / 1e6 - meta["window_s"]) < 0.002, (row, meta)
+        assert abs(row["other_us"] / 1e6 - meta["window_s"]) <= 0.01 * meta["window_s"], row
+        waits = {r["event"]: r for r in doc["rows"] if r["view"] == "waits"}
+        assert abs(waits["Timeout:PgSleep"]["total_us"] / 1e6 - meta["window_s"]) < 0.01, waits
+        assert doc["tool"] == "top" and meta["cpus"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--once", "--batch", "2"], "--once is --batch 1"),
+        (["--interval", "0"], "must be between 1 and 3600 seconds"),
+        (["-d", "1", "--interval", "5"], "longer than the duration"),
+    ],
+)
+def test_top_bad_options_are_one_line(args: list[str], message: str) -> None:
+    done = run_pgprobe(["top", *args])
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
