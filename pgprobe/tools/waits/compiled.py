@@ -10,7 +10,7 @@ wheel: pgprobe/bpf/build/), and this kernel loads it (raw BTF tracepoints and ta
 Linux 5.13+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line.
 `--engine bpftrace` asks for the script.
 
-Kept in one module (~470 lines) because the @task layout, the seed that writes it and the
+Kept in one module (~500 lines) because the @task layout, the seed that writes it and the
 reads that close its open intervals must agree field by field with bpf/waits.bpf.c; the
 query and lock dimensions' own parts of that (their fields, charges and maps) are
 querydim.py and lockdim.py."""
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import struct
 import time
@@ -33,8 +34,9 @@ from pgprobe.engines.compiled import CompiledCapture
 from pgprobe.errors import PgprobeError
 from pgprobe.scripts import script_path
 from pgprobe.tools.waits import lockdim, querydim, records
+from pgprobe.tools.waits.unmoved import Unmoved
 from pgprobe.waitevents import address as waitevents_address
-from pgprobe.waitevents import backend_state
+from pgprobe.waitevents import backend_state, statement
 
 OBJECT = "build/waits.bpf.o"  # under bpf/: scripts/build-bpf, or the wheel's (pgprobe/bpf/)
 WINDOW, REFUSED = 0, 1  # the object's `scalars` slots
@@ -123,6 +125,7 @@ def capture(
     assert path is not None
     entry = backend_state.StateAddress(be_address, state_offset) if be_address else None
     start = Start(0, {})
+    unmoved = Unmoved()  # each process's last read, for the next (one capture's: emptied below)
 
     def pids() -> list[int]:
         return [single] if single else [postmaster, *proc.children(postmaster)]
@@ -130,6 +133,7 @@ def capture(
     def start_window(obj: libbpf.BpfObject) -> None:
         targets = pids()
         _empty(obj, targets)
+        unmoved.kept.clear()
         # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
         start.window = time.monotonic_ns()
         obj.update("scalars", _U32.pack(WINDOW), _U64.pack(start.window))
@@ -141,7 +145,7 @@ def capture(
     globals_ = {**rodata(args), **(query.rodata() if query else {}),
                 **(locks.rodata() if locks else {})}  # fmt: skip
     return CompiledCapture(path, globals_,
-                           lambda obj, info: read(obj, info, pids(), query, locks),
+                           lambda obj, info: read(obj, info, pids(), query, locks, unmoved),
                            duration, interval or None, start_window, duty,
                            lambda obj: _seed(obj, start, address, entry, query, locks),
                            frozenset() if query else QUERY_PROGRAMS)  # fmt: skip
@@ -258,13 +262,28 @@ def _split(span: int, cpu0: int, rd0: int, counters: proc.SchedCounters) -> tupl
 RawTask = tuple[bytes, int, proc.SchedCounters]
 
 
-def _raw_tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[int, RawTask]:
+def _raw_tasks(
+    obj: libbpf.BpfObject,
+    pids: list[int],
+    unmoved: Unmoved | None = None,
+    served: set[int] | None = None,
+) -> dict[int, RawTask]:
     """@task of these processes, each with its kernel counters (/proc) read at the same
     moment: the entry read again after them must be the same (no switch-out between). The
     state lives in the task (task local storage, asked by pidfd). An exited process has
-    none left: its totals went to the maps at its last switch-out."""
+    none left: its totals went to the maps at its last switch-out. unmoved: a process that
+    has not run since its last read keeps that read (the same entry, the same counters;
+    its pid added to `served`)."""
     out: dict[int, RawTask] = {}
     for pid in pids:
+        if unmoved is not None:
+            when = time.monotonic_ns()
+            kept = unmoved.still(pid)
+            if kept is not None:
+                out[pid] = (kept.entry, when, kept.counters)
+                if served is not None:
+                    served.add(pid)
+                continue
         with contextlib.suppress(OSError), _pidfd(pid) as pidfd:  # OSError: gone
             for _attempt in range(3):
                 entry = obj.lookup("task", _I32.pack(pidfd))
@@ -275,6 +294,8 @@ def _raw_tasks(obj: libbpf.BpfObject, pids: list[int]) -> dict[int, RawTask]:
                 out[pid] = (entry, when, counters)
                 if obj.lookup("task", _I32.pack(pidfd)) == entry:
                     break
+        if unmoved is not None and pid in out:
+            unmoved.keep(pid, out[pid][0], out[pid][2])
     return out
 
 
@@ -291,8 +312,10 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     return (now - part.slept, ASLEEP, part.asleep_in, 0, *totals)
 
 
+@functools.lru_cache(maxsize=4096)  # a read of 1,000 processes asks ~3,000
 def _open(raw: RawTask) -> querydim.Open:
-    """The interval open at the read of a raw entry, split on the kernel's counters."""
+    """The interval open at the read of a raw entry, split on the kernel's counters (pure:
+    kept for the entries of a read, which asks it of each several times)."""
     entry, when, counters = raw
     fields = _TASK.unpack(entry)
     since, state, a, rd_p = fields[:4]
@@ -324,12 +347,15 @@ def read(
     pids: list[int],
     query: querydim.Dimension | None = None,
     locks: lockdim.Dimension | None = None,
+    unmoved: Unmoved | None = None,
 ) -> Snapshot:
     """The maps as waits.bt prints them; @now_ns the moment the read ended (each process's
-    time is counted to the moment its counters were read, just before)."""
+    time is counted to the moment its counters were read, just before). unmoved: what the
+    last read of this capture kept (updated here)."""
     scalars = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in obj.items("scalars")}
     maps: dict[str, dict[Key, AggValue]] = {"window_ns": {(): scalars.get(WINDOW, 0)}}
-    before = _raw_tasks(obj, pids)
+    same: set[int] = set()  # not run since the last read: not read after the maps either
+    before = _raw_tasks(obj, pids, unmoved, same)
     for name in _BY_TID:
         maps[name] = {(_U32.unpack(k)[0],): _U64.unpack(v)[0] for k, v in obj.items(name)}
     for name in _BY_PAIR:
@@ -337,7 +363,8 @@ def read(
     query_read = querydim.read_map(obj) if query else {}
     lock_read = lockdim.read_map(obj) if locks else {}
     hist_items = obj.items("wait_hist")
-    after = _raw_tasks(obj, pids)
+    after = _raw_tasks(obj, [pid for pid in pids if pid not in same], unmoved)
+    after.update({pid: before[pid] for pid in same})  # still so at `now`: checked below
     now = time.monotonic_ns()
     maps["now_ns"] = {(): now}
     # A process that ended during the read (after @exit_ns was read, before `now`: tens of
@@ -346,9 +373,12 @@ def read(
     for k, v in obj.items("exit_ns"):
         if _U64.unpack(v)[0] <= now:
             maps["exit_ns"].setdefault((_U32.unpack(k)[0],), _U64.unpack(v)[0])
-    for pid, (entry, _when, counters) in after.items():
+    for pid, (entry, _when, counters) in list(after.items()):
         if _unmoved(pid, counters):  # neither run nor on CPU since: as it was at `now`
             after[pid] = (entry, now, counters)
+        elif pid in same:  # it ran since its read before the maps: read it after them now
+            after.pop(pid)
+            after.update(_raw_tasks(obj, [pid], unmoved))
     closed_before: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in before.items()}
     closed_after: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in after.items()}
     maps["task"] = _consistent(obj, closed_before, closed_after, maps["wait_ns"])
@@ -357,7 +387,7 @@ def read(
             for pid, raw in after.items()}  # fmt: skip
     maps["wait_hist"] = _hists(hist_items, kept)
     if query:
-        maps["query_ns"] = _query_ns(obj, query, query_read, before, after)
+        maps["query_ns"] = _query_ns(obj, query, query_read, before, after, unmoved)
     if locks:
         kept_raw = {pid: before[pid] if maps["task"][(pid,)] is closed_before.get((pid,))
                     else raw for pid, raw in after.items()}  # fmt: skip
@@ -365,6 +395,8 @@ def read(
             obj, lock_read, {pid: _lock_part(raw) for pid, raw in before.items()},
             {pid: _lock_part(raw) for pid, raw in kept_raw.items()})  # fmt: skip
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
+    if unmoved is not None:
+        unmoved.forget_gone(set(after))
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
 
 
@@ -445,16 +477,27 @@ def _query_ns(
     read: querydim.Charges,
     before: dict[int, RawTask],
     after: dict[int, RawTask],
+    unmoved: Unmoved | None = None,
 ) -> dict[Key, AggValue]:
-    """The query dimension's map, with each live process's totals and open interval."""
+    """The query dimension's map, with each live process's totals and open interval (its
+    statement now: the one read last when it has not run since)."""
     rodata = query.rodata()
+
+    def statement_now(pid: int) -> statement.Read | None:
+        kept = unmoved.known_statement(pid) if unmoved is not None else None
+        if kept is not None and kept.entry == after[pid][0]:
+            return kept.statement
+        now = query.read(pid)
+        if unmoved is not None:
+            unmoved.statement(pid, now)
+        return now
 
     def fields(raws: dict[int, RawTask]) -> dict[int, tuple[int, ...]]:
         return {pid: _query_fields(pid, raw) for pid, raw in raws.items()}
 
     def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
         raw = after[pid] if q == fields_after.get(pid) else before[pid]
-        return querydim.charges(pid, q, _open(raw), query.read(pid), rodata)
+        return querydim.charges(pid, q, _open(raw), statement_now(pid), rodata)
 
     fields_after = fields(after)
     return querydim.snapshot_map(obj, read, fields(before), fields_after, live)

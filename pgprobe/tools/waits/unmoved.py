@@ -1,0 +1,67 @@
+"""What a read of the compiled time model keeps of each live process for the next read.
+
+A process that has neither run nor been on a CPU since the last read (its /proc/PID/schedstat
+the same: time on CPU, time waiting for one, times put on one) has the same @task entry
+(bpf/waits.bpf.c writes it only at the process's own switch-outs) and the same statement in
+its status entry (only the backend writes it): neither is read again. Most of a busy
+server's backends are idle between two refreshes of `top` or two windows of `--interval`:
+one file read each instead of a pidfd, two map lookups, /proc/PID/status and
+/proc/PID/mem (measured: bench.top, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pgprobe import proc
+from pgprobe.waitevents import statement
+
+
+@dataclass
+class Kept:
+    """A process's entry and counters at its last read, and its statement then (read: the
+    statement is known; None in it: the memory could not be read)."""
+
+    entry: bytes
+    counters: proc.SchedCounters
+    statement: statement.Read | None = None
+    read: bool = False
+
+
+@dataclass
+class Unmoved:
+    """The live processes' last reads, kept for one capture (cleared when it starts again)."""
+
+    kept: dict[int, Kept] = field(default_factory=dict)
+
+    def still(self, pid: int) -> Kept | None:
+        """pid's last read when it has not moved since (one read of /proc/PID/schedstat)."""
+        kept = self.kept.get(pid)
+        if kept is None:
+            return None
+        now = proc.schedstat(pid)
+        c = kept.counters
+        if now is None or now != (c.cpu_ns, c.runq_ns, c.runs):
+            del self.kept[pid]
+            return None
+        return kept
+
+    def keep(self, pid: int, entry: bytes, counters: proc.SchedCounters) -> None:
+        old = self.kept.get(pid)
+        if old is None or old.entry != entry or old.counters != counters:
+            self.kept[pid] = Kept(entry, counters)
+
+    def statement(self, pid: int, read: statement.Read | None) -> None:
+        """pid's statement as read now, kept with its entry."""
+        kept = self.kept.get(pid)
+        if kept is not None:
+            kept.statement, kept.read = read, True
+
+    def known_statement(self, pid: int) -> Kept | None:
+        """pid's kept read when its statement is known (read since it last moved)."""
+        kept = self.kept.get(pid)
+        return kept if kept is not None and kept.read else None
+
+    def forget_gone(self, live: set[int]) -> None:
+        for pid in self.kept.keys() - live:
+            del self.kept[pid]
