@@ -1,4 +1,7 @@
-"""`pgprobe lwlocks` against a real cluster under pgbench, with real bpftrace."""
+"""`pgprobe lwlocks` against a real cluster under pgbench, with real bpftrace.
+
+Long because one idea holds it together: most tests share the module's one cluster kept
+under pgbench (the `load` fixture); a second module would start and load a second one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
 """`pgprobe queries` against truths it does not compute: real clusters, real BPF, every build.
+Long because its tests share one runner (queries_running, result), the settings that give
+query ids, and pg_stat_statements' ids (queryid, row_of); the scripts' query dimension is
+checked in the three-statement test's own window, beside the tool.
 
 - Three known statements in three sessions over one window (every build): `SELECT
   pg_sleep(0.2)` ten times is 2.0 s ± 2 % of Timeout:PgSleep on its own query id (the id

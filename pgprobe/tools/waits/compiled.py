@@ -315,7 +315,8 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=4096)  # a read of 1,000 processes asks ~3,000
 def _open(raw: RawTask) -> querydim.Open:
     """The interval open at the read of a raw entry, split on the kernel's counters (pure:
-    kept for the entries of a read, which asks it of each several times)."""
+    kept for the entries of a read, which asks it of each several times; emptied at the
+    read's end, so no entry outlives it)."""
     entry, when, counters = raw
     fields = _TASK.unpack(entry)
     since, state, a, rd_p = fields[:4]
@@ -397,6 +398,7 @@ def read(
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
     if unmoved is not None:
         unmoved.forget_gone(set(after))
+    _open.cache_clear()
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
 
 
