@@ -30,7 +30,7 @@ the floor); over the blocks, the geometric mean and its 95 % interval (bench.sta
 `pgprobe waits` does beside its programs (the seed at the attach, the read at the end:
 once per capture) is not in these windows. Then one window each with the kernel's BPF
 statistics on (they cost two clock reads per run, so the TPS windows run without them):
-fires/s of sched_switch and BPF ns per fire, every program's time (on_recv's too) over
+fires/s of sched_switch and BPF ns per fire, every program's time (on_proc_exit's too) over
 those fires (--cost-rounds N: N such rounds, the variants in turn; the medians).
 
 With --locks, the same object loaded once more with the lock dimension on as well
@@ -145,11 +145,11 @@ def build_floor() -> None:
 
 def waits_rodata(
     cluster: PgCluster, queries: bool = False, locks: bool = False
-) -> tuple[dict[str, int], dict[str, int]]:
+) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[str, str]]]:
     """The time model's globals as `pgprobe waits` sets them for the whole cluster; with
     `queries`, also the query dimension's as `pgprobe queries` sets them on a server with
-    query ids (text_hash 0); with `locks`, the lock dimension's as `pgprobe locks` sets
-    them; else {}."""
+    query ids (text_hash 0), and its uprobe; with `locks`, the lock dimension's as
+    `pgprobe locks` sets them; else {}."""
     options = discover.ConnOptions(host=str(cluster.root), port=cluster.port, user="postgres")
     targets = discover.discover(options, discover.Filters())
     where = address.find(targets.cluster.postmaster_pid, targets.cluster.binary)
@@ -158,13 +158,14 @@ def waits_rodata(
         found_lock = lockwait.find(where, targets.cluster.major)
         if found_lock is None:
             raise SystemExit(f"bench.toggle: no MyProc offsets for {targets.cluster.major}")
-        return waits, lockdim.Dimension(found_lock).rodata()
+        return waits, lockdim.Dimension(found_lock).rodata(), {}
     if not queries:
-        return waits, {}
+        return waits, {}, {}
     found = statement.address_of(where, targets.cluster.major)
     if found is None:
         raise SystemExit(f"bench.toggle: no statement address for {targets.cluster.major}")
-    return waits, querydim.Dimension(found, text_hash=False).rodata()
+    dimension = querydim.Dimension(found, False, targets.cluster.binary)
+    return waits, dimension.rodata(), dimension.uprobes()
 
 
 def workload_of(key: str, protocol: str) -> Workload:
@@ -258,7 +259,7 @@ def measure_costs(switch: Switcher, result: Result, rounds: int = 1) -> None:
                 time.sleep(STATS_WINDOW_S)
                 after, switches = bpfstats.programs(os.getpid(), names), common.context_switches()
                 switch.to(NONE)
-                # every program's time (the query dimension's on_recv too) per switch-out
+                # every program's time (the query dimension's on_proc_exit too) per switch-out
                 runs = [p for p in bpfstats.delta(before, after) if p.runs]
                 fires = sum(p.runs for p in runs if p.name == "on_switch")
                 common.log(f"toggle: {variant}: " + ", ".join(
@@ -307,18 +308,18 @@ def measure(
         cluster.pgbench("-i", "-q", "-s", str(scale)).communicate(timeout=600)
         if workload == "many":
             load = Workload(load.key, load.label, (*load.args, *many_statements(cluster.root)))
-        rodata, query_rodata = waits_rodata(cluster, queries)
+        rodata, query_rodata, uprobes = waits_rodata(cluster, queries)
         objects = {FLOOR: BpfObject(EMPTY, {})} if floor else {}
         objects[WAITS] = BpfObject(path, rodata, compiled.QUERY_PROGRAMS)  # as `pgprobe waits`
         if queries:
-            objects[QUERIES] = BpfObject(path, {**rodata, **query_rodata})
+            objects[QUERIES] = BpfObject(path, {**rodata, **query_rodata}, uprobes=uprobes)
         if locks:  # as `pgprobe locks`
             lock_rodata = waits_rodata(cluster, locks=True)[1]
             objects[LOCKS] = BpfObject(path, {**rodata, **lock_rodata}, compiled.QUERY_PROGRAMS)
         # with --queries, another build is one of the query dimension's (loaded as such)
         other = {**rodata, **query_rodata} if queries else rodata
         off = frozenset() if queries else compiled.QUERY_PROGRAMS
-        objects.update({o.stem: BpfObject(o, other, off) for o in others})
+        objects.update({o.stem: BpfObject(o, other, off, uprobes) for o in others})
         switch = Switcher(objects)
         costs_s = (STATS_WINDOW_S + 1) * len(objects) * cost_rounds
         total = int(minutes * 60) + WARMUP_S + costs_s + 30

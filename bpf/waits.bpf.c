@@ -31,8 +31,8 @@
  * kernel's own arguments, with no perf record filled for it (the classic tracepoints'
  * ~350 ns per switch on our AMD host, which bpftrace 0.17 cannot avoid), and
  * task_struct fields are plain loads (CO-RE relocated to the running kernel). The query
- * dimension adds two system call tracepoints (exit_group, recvfrom), attached only when
- * it is asked for (pgprobe/tools/waits/compiled.py's QUERY_PROGRAMS).
+ * dimension adds a uprobe on the server's proc_exit(), attached only when it is asked for
+ * (pgprobe/tools/waits/compiled.py's QUERY_PROGRAMS).
  *
  * USAGE: not run by hand: scripts/build-bpf compiles it (clang -target bpf) into
  *   bpf/build/waits.bpf.o, and `pgprobe waits` (and triage, lwlocks' fallback, serve)
@@ -128,7 +128,7 @@ const volatile __u64 text_hash = 0;
  * Runs that span statements: st_activity_start_timestamp (act_off; PostgreSQL's clock,
  * microseconds since 2000) turned into this program's (monotonic) clock with pg_clock_ns
  * (realtime - monotonic - the 2000 epoch, measured by pgprobe at the load). The part of a
- * run (since its last mark: on_recv) before its last statement began, past SPAN_MIN_NS,
+ * run (since its last mark: mark()) before its last statement began, past SPAN_MIN_NS,
  * may have run an earlier statement whose end neither a switch-out nor a mark saw (a
  * multi-statement string, a pipeline): counted (Q_SPANNED), still charged to the last
  * statement, since that part also holds the preemptions and the steal before the last
@@ -222,27 +222,15 @@ struct task_state {
 	struct qslot slots[QSLOTS];
 	__u64 slept_p;	/* first_sleep() at its first preemption since `since` (0: none) */
 	/*
-	 * Marks (on_recv): the backend asks its socket for the next message after a statement
-	 * ended (it reported since). mk_*: the last mark since `since` (mk_ns 0: none), the
-	 * statement that ended there (its key) and the change count; f_*: the first, whose
-	 * part (from the run's start, known at the switch-out) is charged then; mk_cpu,
-	 * mk_pre: what marks charged since `since` (the parts between two marks).
+	 * Marks (mark()): the backend preempted between statements (one ended: it reported
+	 * since). mk_*: the last mark since `since` (mk_ns 0: none), the statement that ended
+	 * there (its key) and the change count; f_*: the first, whose part (from the run's
+	 * start, known at the switch-out) is charged then; mk_cpu, mk_pre: what marks charged
+	 * since `since` (the parts between two marks).
 	 */
 	__u64 mk_ns, mk_rd, mk_cc, mk_state, mk_id;
 	__u64 f_ns, f_rd, f_state, f_id, f_act;
 	__u64 mk_cpu, mk_pre;
-	/*
-	 * 1: asleep in ClientRead at `since`: its first recv() after it reads the message of
-	 * a statement not begun yet (nothing to mark), skipped unread (~1 of its 2 reads per
-	 * statement)
-	 */
-	__u64 mk_skip;
-	/*
-	 * The statement read at its last recv() since `since` (lr_ok 0: none): its switch-out
-	 * into ClientRead right after takes it instead of a read of its own (nothing reports
-	 * between a recv() that finds no message and that sleep: one read less per statement)
-	 */
-	__u64 lr_cc, lr_state, lr_id, lr_act, lr_ok;
 	/*
 	 * The lock dimension: MyProc's value once set; lk: the lock the sleep begun at
 	 * `since` waits for (lk_ok); w: the lock wait under way (its first sleep's lock, mode
@@ -337,7 +325,7 @@ struct {
 } lock_ns SEC(".maps");
 
 /*
- * tid -> the statement read at its exit_group, for its final run (its memory is gone at
+ * tid -> the statement read at its proc_exit(), for its final run (its memory is gone at
  * its final switch-out). A hash map, not the task's storage: a task storage call here can
  * make the next one on this CPU fail (the storage's per-CPU busy guard).
  */
@@ -488,8 +476,8 @@ static __always_inline __u64 entry_of(struct task_state *t)
  * exit released its memory). Without a query id, with text_hash, the id is a hash of
  * the statement's first TEXT_MAX bytes (FNV-1a 64, ASCII digits left out: pgbench's
  * literals do not split a statement), flagged Q_TEXT. A global function: verified once,
- * on its own (its loop), not at each of its three callers (inlined, the verifier's
- * paths through on_switch passed its limit of a million instructions).
+ * on its own (its loop), not at each of its callers (inlined, the verifier's paths
+ * through on_switch passed its limit of a million instructions).
  */
 __noinline int read_query(__u64 be, struct query *q)
 {
@@ -912,6 +900,50 @@ static __always_inline __u64 first_sleep(struct task_state *t, struct task_struc
 	return span > before ? span - before + 1 : 1;
 }
 
+/*
+ * A backend preempted (or yielding) between statements, having reported since its last
+ * sleep or mark (its change count moved; idle or idle in transaction now): a statement
+ * ended in this run, a mark. A run that spans statements with no sleep between them (the
+ * client's next message already there when the backend asks for it: 3 statements in 4
+ * under pgbench TPC-B on 2 CPUs, the backend preempted by the client its result woke) is
+ * split at these marks: the part since the last mark (wall time; runqueue time from
+ * run_delay) to the statement that ended now; the part before the first mark at the
+ * switch-out, which knows where the run began. Statements run with neither a sleep nor a
+ * preemption between them stay in one part, counted (Q_SPANNED). A preemption within a
+ * statement marks nothing: its run goes on to the statement's end.
+ */
+static __always_inline void mark(struct task_state *t, __u32 tid, __u64 rd)
+{
+	struct query q;
+	read_query(entry_of(t), &q);
+	__u64 base_cc = t->mk_ns ? t->mk_cc : t->cc0, raw = q.state & 0xff;
+	if (!q.ok || q.cc == base_cc || raw >= 64 || !((idle_states >> raw) & 1))
+		return;	/* nothing reported since, or within a statement */
+	__u64 now = bpf_ktime_get_ns(), state, id;
+	if (t->mk_ns) {
+		run_key(t->mk_state, t->mk_id, t->mk_cc, &q, &state, &id);
+		__u64 wall = now > t->mk_ns ? now - t->mk_ns : 0;
+		__u64 pre = rd > t->mk_rd ? rd - t->mk_rd : 0;
+		pre = pre < wall ? pre : wall;
+		charge_run(t, tid, state, id, wall - pre, pre);
+		t->span += spanned(q.act, t->mk_ns, wall);
+		t->mk_cpu += wall - pre;
+		t->mk_pre += pre;
+	} else {
+		run_key(t->qa_state, t->qa_id, t->cc0, &q, &state, &id);
+		t->f_ns = now;
+		t->f_rd = rd;
+		t->f_state = state;
+		t->f_id = id;
+		t->f_act = q.act;
+	}
+	t->mk_ns = now;
+	t->mk_rd = rd;
+	t->mk_cc = q.cc;
+	t->mk_state = state;
+	t->mk_id = id;
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
@@ -927,13 +959,15 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		 * pending signal also comes here, counted as a voluntary switch: not a sleep.
 		 */
 		if (t) {
+			__u64 rd = prev->sched_info.run_delay;
 			if (!t->rd_p) {
-				__u64 rd = prev->sched_info.run_delay;
 				t->rd_p = rd + 1;
 				t->slept_p = first_sleep(t, prev, bpf_ktime_get_ns(), rd);
 			}
 			if (!preempt)
 				t->nv0 = prev->nvcsw;
+			if (query_span && be_addr)
+				mark(t, prev->pid, rd);
 		}
 		return 0;
 	}
@@ -958,19 +992,10 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (query_span && !dead) {
 			wei_ok = raw_wait_event(t, &wei);
 			wei_read = true;
-			if (t->lr_ok && wei_ok && wei == 0x06000000) {
-				/* ClientRead right after a recv() that found nothing: its read */
-				q.cc = t->lr_cc;
-				q.state = t->lr_state;
-				q.id = t->lr_id;
-				q.act = t->lr_act;
-				q.ok = true;
-			} else {
-				read_query(be_addr ? entry_of(t) : 0, &q);
-			}
+			read_query(be_addr ? entry_of(t) : 0, &q);
 		}
 		if (query_span && dead) {
-			/* its memory is gone: the statement read at its exit_group */
+			/* its memory is gone: the statement read at its proc_exit() */
 			struct query *x = bpf_map_lookup_elem(&exit_query, &tid);
 			if (x) {
 				q = *x;
@@ -1039,14 +1064,12 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		wei_ok = raw_wait_event(t, &wei);
 	t->a = read_wait_event(t, &q, wei_ok, wei);
 	t->lk_ok = proc_addr && (t->a >> 24) == WAIT_CLASS_LOCK && read_lock(t, &t->lk);
-	t->lr_ok = 0;
 	t->qa_state = q.state;
 	t->qa_id = q.id;
 	t->cc0 = q.cc;
 	t->rd_p = 0;
 	t->slept_p = 0;
 	t->mk_ns = t->mk_cpu = t->mk_pre = 0;
-	t->mk_skip = (t->a & 0xff00ffff) == 0x06000000;	/* ClientRead, whatever its state */
 	t->cpu0 = cpu;
 	t->rd0 = rd;
 	t->nv0 = nv;
@@ -1090,8 +1113,8 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 }
 
 /*
- * The query dimension's system call programs: the entry of a process of ours whose
- * status entry's address is known (NULL: none, or the dimension is off).
+ * The query dimension's exit program: the entry of a process of ours whose status entry's
+ * address is known (NULL: none, or the dimension is off).
  */
 static __always_inline struct task_state *query_task(struct task_struct *p)
 {
@@ -1107,15 +1130,17 @@ static __always_inline struct task_state *query_task(struct task_struct *p)
 }
 
 /*
- * A backend's exit (exit_group): its memory is still there, not at its final switch-out,
- * where its last run is charged: the statement read here, for that run (a backend that
- * reads its client's Terminate with no sleep after its last statement).
+ * A backend's exit (proc_exit(), a uprobe: it runs in the server's processes only, where a
+ * system call tracepoint would slow every system call of the host): its memory is still
+ * there, not at its final switch-out, where its last run is charged: the statement read
+ * here, for that run (a backend that reads its client's Terminate with no sleep after its
+ * last statement). A process that ends without proc_exit() (killed; _exit() at an
+ * immediate shutdown) has its last run charged as if it had reported nothing.
  */
-SEC("tracepoint/syscalls/sys_enter_exit_group")
-int on_exit_group(void *ctx)
+SEC("uprobe")
+int on_proc_exit(void *ctx)
 {
 	struct task_struct *p = bpf_get_current_task_btf();
-	/* through the entry's address kept in its state: the exit cleared MyBEEntry itself */
 	struct task_state *t = query_task(p);
 	if (!t)
 		return 0;
@@ -1134,63 +1159,5 @@ int on_exit_group(void *ctx)
 		t->slots[i].a = t->slots[i].b = 0;
 	}
 	t->q_next++;
-	return 0;
-}
-
-/*
- * A backend asks its socket for its client's next message (recv(): the recvfrom system
- * call on Linux): where it reported since its last sleep or mark, a statement ended here
- * (state idle or idle in transaction, st_query_id still its id). A run that spans
- * statements with no sleep between them (the client's next message already there when
- * the backend asks: 3 statements in 4 under pgbench TPC-B on 2 CPUs) is split at these
- * marks: the part since the last mark (wall time; runqueue time from run_delay, current
- * while the task runs) to the statement that ended now; the part before the first mark
- * at the switch-out, which knows where the run began.
- */
-SEC("tracepoint/syscalls/sys_enter_recvfrom")
-int on_recv(void *ctx)
-{
-	struct task_struct *p = bpf_get_current_task_btf();
-	struct task_state *t = query_task(p);
-	if (!t)
-		return 0;
-	if (t->mk_skip) {
-		t->mk_skip = 0;
-		return 0;
-	}
-	struct query q;
-	read_query(t->be_ptr, &q);
-	t->lr_cc = q.cc;
-	t->lr_state = q.state;
-	t->lr_id = q.id;
-	t->lr_act = q.act;
-	t->lr_ok = q.ok;
-	__u64 base_cc = t->mk_ns ? t->mk_cc : t->cc0;
-	if (!q.ok || q.cc == base_cc)
-		return 0;	/* nothing reported since: within a statement, or none ran */
-	__u64 now = bpf_ktime_get_ns(), rd = p->sched_info.run_delay, state, id;
-	__u32 tid = p->pid;
-	if (t->mk_ns) {
-		run_key(t->mk_state, t->mk_id, t->mk_cc, &q, &state, &id);
-		__u64 wall = now > t->mk_ns ? now - t->mk_ns : 0;
-		__u64 pre = rd > t->mk_rd ? rd - t->mk_rd : 0;
-		pre = pre < wall ? pre : wall;
-		charge_run(t, tid, state, id, wall - pre, pre);
-		t->span += spanned(q.act, t->mk_ns, wall);
-		t->mk_cpu += wall - pre;
-		t->mk_pre += pre;
-	} else {
-		run_key(t->qa_state, t->qa_id, t->cc0, &q, &state, &id);
-		t->f_ns = now;
-		t->f_rd = rd;
-		t->f_state = state;
-		t->f_id = id;
-		t->f_act = q.act;
-	}
-	t->mk_ns = now;
-	t->mk_rd = rd;
-	t->mk_cc = q.cc;
-	t->mk_state = state;
-	t->mk_id = id;
 	return 0;
 }

@@ -106,9 +106,9 @@ def bpftrace_child(ppid: int) -> int | None:
 
 
 # bpf/waits.bpf.c's programs (sched_switch, process exit, process fork), attached
-# together; with the query dimension, its system call tracepoints too (exit_group, recvfrom)
+# together; with the query dimension, its uprobe on proc_exit() too
 WAITS_BPF_LINKS = 3
-QUERIES_BPF_LINKS = 5
+QUERIES_BPF_LINKS = 4
 
 
 def bpf_link_fds(pid: int) -> int:

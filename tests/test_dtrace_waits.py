@@ -32,7 +32,7 @@ from test_locks import (
     by_hand_args,
     check_script_locks,
     major_of,
-    script_locks,
+    script_lost,
 )
 from test_queries import script_queries
 from test_waits import near, schedstat, settled, total_us
@@ -116,10 +116,13 @@ def test_a_lock_wait_by_hand(dtrace: str) -> None:
             scene.done()
         assert not scene.errors, scene.errors
         lines = by_hand.stop()
-        check_script_locks(scene, script_locks(lines), major_of(pg), "waits.d")
+        check_script_locks(scene, lines, major_of(pg), "waits.d")
     # QID_OFF: the wait on the statement pg_stat_activity showed (timed()'s, the top level)
     rows = script_queries(lines)
     locked = sum(ns for (tid, kind, _s, wei, q), ns in rows.items()
                  if tid == waiter and kind == 4 and wei >> 24 == 3 and q == qid) / 1e9  # fmt: skip
     print(f"waits.d by hand: {locked:.4f} s of Lock on query {qid} (truth {scene.truth[waiter]})")
-    assert locked == pytest.approx(scene.truth[waiter], rel=0.02), rows
+    if waiter in script_lost(lines):  # counted in check_script_locks' lost paths
+        assert locked <= 1.02 * scene.truth[waiter], rows
+    else:
+        assert locked == pytest.approx(scene.truth[waiter], rel=0.02), rows

@@ -40,7 +40,7 @@ from typing import IO, Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, cluster_for, stop_early
+from helpers import CHECKOUT, cluster_for, stop_early, took_lost_path
 from test_waits import wait_attached
 
 from pgprobe import kernelbtf
@@ -69,6 +69,11 @@ SELECT l.locktype, l.database::bigint, l.relation::bigint, l.mode,
        (extract(epoch FROM l.waitstart - '2000-01-01 00:00:00+00'::timestamptz) * 1e6)::bigint,
        l.page, l.tuple, l.transactionid::text::bigint
   FROM pg_locks l WHERE l.pid = %s AND NOT l.granted"""
+# a row of the scripts' @unseen: kind, tid (d/waits.d prints tab-separated columns)
+UNSEEN_ROW = re.compile(r"@unseen(?:\[|\t)\d+(?:, |\t)(\d+)(?:\]: |\t)\d+$")
+# The scripts by hand lose events on this shared 2-CPU machine as pgprobe's bpftrace time
+# model does (test_waits: 2-4 runs of 5 name a lost pid), and say so in @unseen
+SCRIPT_LOST_SHARE = 0.8
 # a row of bpf/waits.bt's (and d/waits.d's) lock maps: tid, mode, type, field1-4
 SCRIPT_ROW = re.compile(r"@lock_(ns|waits|max)(?:\[|\t)(\d+(?:(?:, |\t)\d+){6})(?:\]: |\t)(\d+)$")
 ScriptLocks = dict[int, dict[tuple[int, ...], dict[str, int]]]
@@ -223,9 +228,19 @@ def script_locks(lines: list[str]) -> ScriptLocks:
     return out
 
 
-def check_script_locks(scene: Scene, got: ScriptLocks, major: int, engine: str) -> None:
+def script_lost(lines: list[str]) -> set[int]:
+    """The tids of a script's @unseen (events it can tell it never saw: their time is
+    lost, or moved from the runqueue to a sleep), from any of its prints."""
+    return {int(m.group(1)) for m in map(UNSEEN_ROW.match, lines) if m}
+
+
+def check_script_locks(scene: Scene, lines: list[str], major: int, engine: str) -> None:
     """Each waiter's rows in a script's lock maps: the lock pg_locks showed it queued on
-    among them (type, OIDs, xid, mode), their seconds its truth +- 2 %."""
+    among them (type, OIDs, xid, mode), their seconds its truth +- 2 %; a waiter the
+    script names in @unseen (events lost) at most its truth + 2 %, the run counted."""
+    got, lost = script_locks(lines), script_lost(lines)
+    took_lost_path(f"{engine} by hand: lock waits", bool(lost & set(scene.queued)),
+                   SCRIPT_LOST_SHARE)  # fmt: skip
     for pid, queued in scene.queued.items():
         mine = got.get(pid, {})
         seen = set()
@@ -240,7 +255,10 @@ def check_script_locks(scene: Scene, got: ScriptLocks, major: int, engine: str) 
         line = f"{engine} waiter {pid}: {total:.4f} s (truth {scene.truth.get(pid)}) on {mine}"
         print(line)
         assert (*queued[:4], *queued[5:]) in seen, f"{line}; pg_locks {queued}"
-        assert total == pytest.approx(scene.truth[pid], rel=0.02), line
+        if pid in lost:
+            assert total <= 1.02 * scene.truth[pid], f"{line}; events lost"
+        else:
+            assert total == pytest.approx(scene.truth[pid], rel=0.02), line
 
 
 def test_waiters_locks_against_pg_locks_and_their_own_clocks(
@@ -302,7 +320,7 @@ def test_waiters_locks_against_pg_locks_and_their_own_clocks(
         scene.done()
     stdout, stderr = stop_early(probe)
     assert not scene.errors, scene.errors
-    check_script_locks(scene, script_locks(by_hand.stop()), major, "waits.bt")
+    check_script_locks(scene, by_hand.stop(), major, "waits.bt")
     assert probe.returncode == 0, stderr
     doc = json.loads(stdout)
     meta = doc["meta"]

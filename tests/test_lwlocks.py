@@ -316,11 +316,21 @@ def test_sched_sleeps_against_usdt_waits_on_the_same_load(load: PgCluster) -> No
                 assert row["mode"] == "unknown"
         docs[source] = per_second(lines)
 
-    threads = [threading.Thread(target=capture, args=(s,)) for s in ("usdt", "sched")]
+    failed: dict[str, BaseException] = {}
+
+    def run(source: str) -> None:
+        try:
+            capture(source)
+        except BaseException as error:  # noqa: BLE001 - raised again below, in the test
+            failed[source] = error
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in ("usdt", "sched")]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    for source, error in failed.items():
+        raise AssertionError(f"--source {source}: {error!r}") from error
     common = sorted(set(docs["usdt"]) & set(docs["sched"]))
     assert len(common) >= 5, (sorted(docs["usdt"]), sorted(docs["sched"]))
     sleeps: Counter[str] = Counter()

@@ -47,6 +47,7 @@ class CompiledCapture:
         duty: float = 1.0,
         after_attach: Callable[[libbpf.BpfObject], None] | None = None,
         off: frozenset[str] = frozenset(),
+        uprobes: dict[str, tuple[str, str]] | None = None,
     ) -> None:
         self.path = path
         self.rodata = rodata
@@ -64,7 +65,8 @@ class CompiledCapture:
         # raises LibbpfError now, and the tool can run its bpftrace script instead.
         self._started = time.monotonic()
         timings.mark("libbpf-spawned")  # loading starts (the marks the bench reads in pairs)
-        self._obj = libbpf.BpfObject(self.path, self.rodata, off)  # off: programs not asked for
+        # off: programs not asked for; uprobes: where the uprobe programs attach
+        self._obj = libbpf.BpfObject(self.path, self.rodata, off, uprobes)
 
     def request_stop(self) -> None:
         self._stop = True

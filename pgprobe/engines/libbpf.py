@@ -41,6 +41,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_object__find_map_by_name": (_V, [_V, ctypes.c_char_p]),
     "bpf_program__name": (ctypes.c_char_p, [_V]), "bpf_program__fd": (_INT, [_V]),
     "bpf_program__attach": (_V, [_V]), "bpf_link__destroy": (_INT, [_V]),
+    "bpf_program__attach_uprobe_opts": (_V, [_V, _INT, ctypes.c_char_p, ctypes.c_size_t, _V]),
     "bpf_program__set_autoload": (_INT, [_V, ctypes.c_bool]),
     "bpf_map__initial_value": (_V, [_V, ctypes.POINTER(ctypes.c_size_t)]),
     "bpf_map__fd": (_INT, [_V]), "bpf_map__type": (_INT, [_V]),
@@ -168,15 +169,30 @@ def _cause(log: list[str]) -> str | None:
     return None
 
 
+class _UprobeOpts(ctypes.Structure):
+    """libbpf's struct bpf_uprobe_opts as of 1.0 (sz: the fields this side knows of)."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("ref_ctr_offset", ctypes.c_size_t),
+                ("bpf_cookie", ctypes.c_uint64), ("retprobe", ctypes.c_bool),
+                ("func_name", ctypes.c_char_p)]  # fmt: skip
+
+
 class BpfObject:
     """A compiled BPF object, loaded (verified) on construction; attach() starts its programs."""
 
     def __init__(
-        self, path: Path, rodata: dict[str, int], off: frozenset[str] = frozenset()
+        self,
+        path: Path,
+        rodata: dict[str, int],
+        off: frozenset[str] = frozenset(),
+        uprobes: dict[str, tuple[str, str]] | None = None,
     ) -> None:
-        """off: programs neither loaded nor attached (a part of the object not asked for)."""
+        """off: programs neither loaded nor attached (a part of the object not asked for);
+        uprobes: program -> (binary, function) for its SEC("uprobe") programs, which name
+        no place of their own (libbpf finds the function's offset in the binary)."""
         self.path = path
         self.off = off
+        self.uprobes = uprobes or {}
         self.log: list[str] = []
         self._obj: int | None = None
         self._links: list[int] = []
@@ -242,7 +258,13 @@ class BpfObject:
                 continue
             start = len(self.log)
             _sink.log = self.log
-            link = lib.bpf_program__attach(prog)
+            if name in self.uprobes:
+                binary, function = self.uprobes[name]
+                opts = _UprobeOpts(ctypes.sizeof(_UprobeOpts), 0, 0, False, function.encode())
+                link = lib.bpf_program__attach_uprobe_opts(
+                    prog, -1, os.fsencode(binary), 0, ctypes.byref(opts))  # fmt: skip
+            else:
+                link = lib.bpf_program__attach(prog)
             err = lib.libbpf_get_error(link)  # NULL and errno on failure, in libbpf 1.x
             if err or not link:
                 why = _cause(self.log[start:]) or os.strerror(-err or errno.ENOENT)

@@ -75,7 +75,7 @@ def dimension(
             "has no MyBEEntry, or this major's offsets are not known",
             EXIT_ENV,
         )
-    return querydim.Dimension(found, text_hash=not ids.computed)
+    return querydim.Dimension(found, not ids.computed, cluster.binary)
 
 
 @dataclass

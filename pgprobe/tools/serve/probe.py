@@ -121,7 +121,7 @@ def statements_dimension(
     if not getattr(ns, "statements", 0) or waits_compiled.why_not(ns) is not None:
         return None
     found = statement.address_of(where, targets.cluster.major)  # `where` read once, here
-    return querydim.Dimension(found, text_hash=False) if found is not None else None
+    return querydim.Dimension(found, False, where.binary) if found is not None else None
 
 
 def statements_unavailable(ns: argparse.Namespace, targets: Targets) -> str:

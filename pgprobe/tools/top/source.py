@@ -50,7 +50,7 @@ def dimensions(targets: Targets, where: address.WaitEventAddress) -> Dimensions:
     if cluster.conninfo is not None:
         with discover.connect_conninfo(cluster.conninfo) as conn:
             computed = pgss.query_ids(conn).computed
-    query = querydim.Dimension(found, text_hash=not computed) if found else None
+    query = querydim.Dimension(found, not computed, cluster.binary) if found else None
     if query is None:
         notes.append(f"no statements: {cluster.binary} has no MyBEEntry, or this major's "
                      "offsets are not known")  # fmt: skip

@@ -189,7 +189,7 @@ def _query_dimension(
             ids = statements.query_ids(conn)
     except PgprobeError:
         return None
-    return querydim.Dimension(found, text_hash=not ids.computed)
+    return querydim.Dimension(found, not ids.computed, cluster.binary)
 
 
 def _locks_section(

@@ -65,9 +65,9 @@ _MARKS_AT = _SLEPT_P + 1
 _LOCK_AT = _MARKS_AT + querydim.MARK_FIELDS
 _TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
-# The query dimension's own programs: system call tracepoints, which once attached slow
-# every system call of the host a little (its tracing path): loaded only when asked for.
-QUERY_PROGRAMS = frozenset({"on_exit_group", "on_recv"})
+# The query dimension's own program, a uprobe on the server's proc_exit() (querydim.
+# Dimension.uprobes): loaded only when asked for.
+QUERY_PROGRAMS = frozenset({"on_proc_exit"})
 _BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
 
 
@@ -148,7 +148,8 @@ def capture(
                            lambda obj, info: read(obj, info, pids(), query, locks, unmoved),
                            duration, interval or None, start_window, duty,
                            lambda obj: _seed(obj, start, address, entry, query, locks),
-                           frozenset() if query else QUERY_PROGRAMS)  # fmt: skip
+                           frozenset() if query else QUERY_PROGRAMS,
+                           query.uprobes() if query else {})  # fmt: skip
 
 
 def rodata(args: list[int | Path]) -> dict[str, int]:

@@ -26,17 +26,15 @@ from pgprobe.waitevents import statement
 CPU, PREEMPTED, WOKEN, WAIT = 1, 2, 3, 4
 # qa_state, qa_id, cc0; r_state, r_id, r_cpu, r_rq2; s_state, s_id, s_wei, s_wait, s_rq3;
 # span (runs' parts before their last statement); q_next (moves of slots' totals to the map
-# so far: a slot taken over, or all of them at the exit_group); the slots, 4 fields each:
+# so far: a slot taken over, or all of them at the proc_exit()); the slots, 4 fields each:
 # pair << 16 | state and wei << 32, id, a, b (waits.bpf.c's qslot)
 QSLOTS = 32
 _SLOTS_AT = 14
 FIELDS = _SLOTS_AT + 4 * QSLOTS
-# The marks (waits.bpf.c's on_recv), after slept_p: the last one (mk_ns, mk_rd, mk_cc,
+# The marks (waits.bpf.c's mark()), after slept_p: the last one (mk_ns, mk_rd, mk_cc,
 # mk_state, mk_id), the first (f_ns, f_rd, f_state, f_id, f_act), what marks charged
-# (mk_cpu, mk_pre), mk_skip, the last recv()'s read (lr_cc, lr_state, lr_id, lr_act,
-# lr_ok); mk_ns 0: no mark since the entry's `since`
-MARK_FIELDS = 18
-_MARKS_SPLIT = 12  # the marks' fields a read splits an open run with (to mk_pre)
+# (mk_cpu, mk_pre); mk_ns 0: no mark since the entry's `since`
+MARK_FIELDS = 12
 PAIR_RUN, PAIR_SLEEP = 1, 2
 
 _KEY = struct.Struct("<IIIIQ")  # tid, pair << 16 | state, wei, pad, id
@@ -49,14 +47,20 @@ _U64 = struct.Struct("<Q")
 
 @dataclass(frozen=True)
 class Dimension:
-    """The query dimension asked of a capture: where the statement is, and whether a
-    statement without an id is keyed by its text (compute_query_id off)."""
+    """The query dimension asked of a capture: where the statement is, whether a
+    statement without an id is keyed by its text (compute_query_id off), and the server's
+    binary (its proc_exit(): where a backend's last statement is read)."""
 
     where: statement.StatementAddress
     text_hash: bool
+    binary: str
 
     def rodata(self) -> dict[str, int]:
         return self.where.rodata(self.text_hash)
+
+    def uprobes(self) -> dict[str, tuple[str, str]]:
+        """The object's uprobe programs: name -> (binary, function)."""
+        return {"on_proc_exit": (self.binary, "proc_exit")}
 
     def read(self, pid: int) -> statement.Read | None:
         """pid's statement now (None: its memory cannot be read)."""
@@ -156,7 +160,7 @@ def charges(
     the rest (less what marks charged) to the statement read now."""
     qa_state, qa_id = q[0], q[1]
     mk_ns, _rd, mk_cc, mk_state, mk_id, f_ns, f_rd, f_state, f_id, f_act, mk_cpu, mk_pre = q[
-        FIELDS : FIELDS + _MARKS_SPLIT
+        FIELDS : FIELDS + MARK_FIELDS
     ]
     out = totals(tid, q)
     cpu, pre = open_.on_cpu, open_.preempted
