@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,14 @@ def cluster_for(
 ) -> PgCluster:
     """A throwaway cluster of one build, not started: `with cluster_for(build, {...}) as pg:`."""
     return PgCluster(settings=settings, name=f"{name}-{build.id}", bindir=build.bindir)
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """check()'s first true answer, polled every 20 ms; the test fails past timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.02)
+    pytest.fail(f"not within {timeout} s: {what}")

@@ -12,14 +12,13 @@ import contextlib
 import json
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
-from helpers import cluster_for, need, run_pgprobe
+from helpers import cluster_for, need, run_pgprobe, until
 
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
@@ -33,14 +32,6 @@ SELECT pid, backend_type, coalesce(datname, ''), coalesce(usename, ''), applicat
   FROM pg_stat_activity ORDER BY pid"""
 COLUMNS = ("pid", "backend_type", "datname", "usename", "application_name", "state",
            "wait_event_type", "wait_event", "query")  # fmt: skip
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(0.05)
-    return found
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, cluster_for, stop_early, took_lost_path
+from helpers import CHECKOUT, cluster_for, stop_early, took_lost_path, until
 from test_waits import wait_attached
 
 from pgprobe import kernelbtf
@@ -87,16 +87,6 @@ def locks_cluster(pg_build: PgBuild, tracing: None) -> Iterator[PgCluster]:
             pg.sql(f"INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 100) g")
         pg.sql(TIMED)
         yield pg
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.02)
-    pytest.fail(f"not within {timeout} s: {what}")
 
 
 def start_locks(pg: PgCluster, *more: str) -> subprocess.Popen[str]:
