@@ -194,3 +194,10 @@ def until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
             return got
         time.sleep(0.02)
     pytest.fail(f"not within {timeout} s: {what}")
+
+
+def start_pgprobe(args: Sequence[str]) -> subprocess.Popen[str]:
+    """`pgprobe ARGS` in the background, as a user would start it (both pipes captured)."""
+    argv = [sys.executable, "-m", "pgprobe", *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=CHECKOUT)  # fmt: skip

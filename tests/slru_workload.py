@@ -35,8 +35,8 @@ connection, before and after the workload. Other backends' reads reach the
 shared counters whenever they flush: keep them out of the window (the
 subtrans_holder stays in its transaction block during the window, so its own
 counters are only flushed after it rolls back). On 13-14 the counters go
-through the statistics collector and are only eventually right: slru_stats
-waits for it, good enough for a test but not a proof.
+through the statistics collector: slru_stats sends them and waits for a stats
+file the collector wrote after that.
 
 What the counts are: provoke_xact_reads makes exactly len(xids) pg_xact reads
 (every lookup misses); provoke_subtrans_reads makes exactly 2 * rows * scans
@@ -365,7 +365,8 @@ def slru_stats(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, int]]:
     ReadyForQuery, so it is done when execute() returns), then reads the
     shared stats with a fresh stats snapshot. `conn` must be in autocommit
     mode: a backend only flushes when idle outside a transaction block.
-    On 13-14 it waits for the statistics collector instead (a second).
+    On 13-14 it sends them to the statistics collector instead, and waits for
+    a stats file the collector wrote after that (a second or so).
     """
     if not conn.autocommit:
         raise ValueError("slru_stats needs an autocommit connection (stats flush when idle)")
@@ -373,9 +374,16 @@ def slru_stats(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, int]]:
     if version >= 150000:
         conn.execute("SELECT pg_stat_force_next_flush()")
     else:
-        time.sleep(0.7)  # PGSTAT_STAT_INTERVAL (500 ms), then the collector
-        conn.execute("SELECT 1")
-        time.sleep(0.3)
+        time.sleep(0.7)  # PGSTAT_STAT_INTERVAL (500 ms) since its last report, then ...
+        conn.execute("SELECT 1")  # ... this statement's end sends its counts
+        sent = _scalar(conn, "SELECT clock_timestamp()")
+        # A reader takes a stats file up to 500 ms old, which another session's read may
+        # have had written before the counts came: wait for a newer one.
+        deadline = time.monotonic() + 30
+        while not _scalar(conn, "SELECT pg_stat_get_snapshot_timestamp() > %s", (sent,)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the statistics collector wrote no stats file for 30 s")
+            time.sleep(0.05)
     conn.execute("SELECT pg_stat_clear_snapshot()")
     rows = conn.execute("SELECT name, blks_hit, blks_read FROM pg_stat_slru").fetchall()
     return {SLRU_DIRS.get(str(name), str(name)): (int(hit), int(read)) for name, hit, read in rows}

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -316,22 +318,82 @@ def test_trace_json_lines_then_the_document(workload: Workload) -> None:
 @pytest.mark.integration
 @pytest.mark.once
 def test_interval_summaries_each_with_their_pg_stat_slru_delta(workload: Workload) -> None:
-    argv = ["clog-reads", *workload.cluster.conn_args, "-d", "3", "--interval", "1", "--json"]
-    done = run_pgprobe(argv)
-    assert done.returncode == 0, done.stderr
-    docs = [json.loads(line) for line in done.stdout.splitlines()]
-    assert 3 <= len(docs) <= 5 and docs[-1]["meta"]["final"] is True
+    """A burst of pg_xact reads right after each of three summaries, published before it
+    ends (slru_stats()): each summary's reads equal its own pg_stat_slru delta, each burst
+    is whole in one summary, and all of them are the workload's."""
+    version = int(str(workload.cluster.sql("SHOW server_version_num")[0][0]))
+    # 14: slru_stats() waits a second for the collector; a burst then fits a 3 s window.
+    interval = 1 if version >= 150000 else 3
+    argv = [sys.executable, "-m", "pgprobe", "clog-reads", *workload.cluster.conn_args,
+            "-d", "60", "--interval", str(interval), "--json"]  # fmt: skip
+    probe = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(probe, lines), daemon=True)
+    docs: list[dict[str, Any]] = []
+    bursts: list[int] = []  # the reads of each burst (pg_stat_slru, the workload's own)
+    late = False  # a burst ended after the next summary came: it may straddle an edge
+
+    def next_summary() -> None:
+        line = lines.get(timeout=60)
+        assert line is not None, probe.communicate(timeout=60)[1]
+        docs.append(json.loads(line))
+
+    try:
+        wait_attached(probe)
+        reader.start()
+        last = slru_stats(workload.conn)
+        for rounds in (1, 3, 2):  # bursts of different sizes
+            next_summary()  # a window's edges are just behind: the burst is far from both
+            provoke_xact_reads(workload.conn, workload.first, workload.last, rounds)
+            now = slru_stats(workload.conn)
+            bursts.append(now[XACT][1] - last[XACT][1])
+            last = now
+            late = late or not lines.empty()
+        next_summary()  # (each comes as the next window ends) ...
+        next_summary()  # ... the last burst's window
+        probe.send_signal(signal.SIGINT)
+        reader.join(timeout=60)
+        err = probe.communicate(timeout=60)[1]
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.communicate()
+    assert probe.returncode == 0, err
+    while (line := lines.get_nowait()) is not None:
+        docs.append(json.loads(line))
+    assert [d["meta"]["final"] for d in docs] == [False] * (len(docs) - 1) + [True]
     for doc in docs:
         assert doc["meta"]["source"] == "uprobe"  # the default
-        assert doc["meta"]["interval"] == 1
+        assert doc["meta"]["interval"] == interval
         assert doc["meta"]["slru_stats"]["pg_xact"]["name"] in ("Xact", "transaction")
-    # Each summary's pg_stat_slru window runs from the previous summary to this one, as
-    # pgprobe receives them; bpftrace can deliver two back to back (an interval that fires
-    # while it stops, then its exit maps), so one window may be almost nothing, but
-    # together they cover the capture.
+    counted = [sum(r["reads"] for r in d["rows"] if r["slru"] == XACT) for d in docs]
+    published = [d["meta"]["slru_stats"][XACT]["blks_read"] for d in docs]
+    print(f"bursts {bursts}; per summary: counted {counted}, pg_stat_slru {published}"
+          f"{', a burst ran late' if late else ''}")  # fmt: skip
+    assert all(bursts), bursts
+    if not late:  # no read near an edge: every window exact, each burst whole in one
+        assert counted == published, (counted, published)
+        assert [n for n in counted if n] == bursts, (counted, bursts)
+    # A burst over an edge can have reads counted on one side of it and published on the
+    # other: through each edge the running totals differ by at most that burst ...
+    gaps = [sum(published[: i + 1]) - sum(counted[: i + 1]) for i in range(len(docs))]
+    assert all(abs(gap) <= max(bursts) for gap in gaps), (gaps, bursts)
+    # ... and all of them, published before the Ctrl-C, are equal.
+    assert sum(counted) == sum(published) == sum(bursts), (counted, published, bursts)
+    # Each summary's pg_stat_slru window runs from the previous summary to this one.
     windows = [doc["meta"]["slru_stats_window_s"] for doc in docs]
-    assert all(0 <= w < 3 for w in windows), windows
-    assert 2.5 <= sum(windows) <= 6, windows
+    print(f"windows {windows}")
+    assert all(0 <= w < 3 * interval for w in windows), windows
+
+
+def _read_lines(probe: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+    """probe's stdout, line by line as it comes, then None."""
+    assert probe.stdout is not None
+    for line in probe.stdout:
+        lines.put(line)
+    lines.put(None)
 
 
 @pytest.mark.integration

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import pytest
 import slru_workload
-from helpers import CHECKOUT, run_pgprobe
+from helpers import run_pgprobe, start_pgprobe
 
 from pgprobe.sandbox import PgCluster
 
@@ -95,13 +94,7 @@ def check_rows(doc: dict[str, Any]) -> tuple[int, int]:
 def test_bounded_saturating_load_is_exact(thrash: tuple[PgCluster, Path], source: str) -> None:
     pg, scripts = thrash
     argv = ["clog-reads", *pg.conn_args, "-d", "40", "--json", "--source", source]
-    run = subprocess.Popen(
-        [sys.executable, "-m", "pgprobe", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=CHECKOUT,
-    )
+    run = start_pgprobe(argv)
     from test_faults import wait_attached
 
     wait_attached(run.pid)

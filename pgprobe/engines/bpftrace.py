@@ -25,7 +25,7 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,9 @@ class BpftraceCapture:
         self.script = script_path("bpf", script)
         self.specs = {f"@{s.name}": s for s in specs}
         self.on_tick = on_tick
+        # Called as each `time` message arrives: a window's end (its maps follow), before
+        # the previous snapshot is handed over (that happens only then).
+        self.on_time: Callable[[], None] | None = None
         self.info = RunInfo(engine="bpftrace")
         # `bpftrace --version` takes 0.2-0.4 s of wall clock (LLVM's libraries load): it
         # runs beside the capture, and the version is filled in when the capture ends.
@@ -171,7 +174,7 @@ class BpftraceCapture:
     def events(self) -> Iterator[Event]:
         self.info.warnings.extend(ensure_tracefs())
         self.process.on_tick = self.on_tick
-        parser = _OutputParser(self.specs, self.info, self.live_marker)
+        parser = _OutputParser(self.specs, self.info, self.live_marker, self.on_time)
         self._version.start()
         try:
             yield from self.process.run(parser.feed)
@@ -241,8 +244,15 @@ class _OutputParser:
     maps, and in END before bpftrace prints the maps left at exit).
     """
 
-    def __init__(self, specs: dict[str, MapSpec], info: RunInfo, live_marker: bool = False) -> None:
+    def __init__(
+        self,
+        specs: dict[str, MapSpec],
+        info: RunInfo,
+        live_marker: bool = False,
+        on_time: Callable[[], None] | None = None,
+    ) -> None:
         self.specs = specs
+        self.on_time = on_time
         self.info = info
         self.current: Snapshot | None = None
         self.partial_line = ""
@@ -265,6 +275,8 @@ class _OutputParser:
             if not self.live_marker:
                 self.info.probes_attached = self.attached
         elif kind == "time":
+            if self.on_time is not None:
+                self.on_time()
             if self.current is not None:
                 yield self.current
             self.current = Snapshot(label=str(data).strip())

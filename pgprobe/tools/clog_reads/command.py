@@ -1,4 +1,8 @@
-"""`pgprobe clog-reads`: the CLI glue (options, the capture loop, JSON or the terminal view)."""
+"""`pgprobe clog-reads`: the CLI glue (options, the capture loop, JSON or the terminal view).
+
+Long because one idea holds it together (~400 lines): each summary's reads beside the
+pg_stat_slru reading taken at the same edge of its window (the probes live, each window's
+end as bpftrace prints it, the probes stopped), which the capture loop threads through."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import contextlib
 import json
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +137,7 @@ class Session:
     folded: dict[str, int] = field(default_factory=dict)  # every snapshot's, for folded
     all_stacks: list[StackRow] = field(default_factory=list)  # every snapshot's, for pprof
     closing: dict[str, dict[str, Any]] | None = None  # pg_stat_slru when the probes stopped
+    closing_s: float = 0.0  # its window's seconds
     texts: bystatement.Texts | None = None  # --by query or --query-id: the statements' texts
 
     def keep(self, pid: int) -> bool:
@@ -168,7 +174,7 @@ class Session:
 
     # -- one summary
 
-    def emit(self, snapshot: Snapshot, info: RunInfo, slru_delta: Any) -> None:
+    def emit(self, snapshot: Snapshot, info: RunInfo, slru_delta: Any, window_s: float) -> None:
         if snapshot.final:
             common.refresh_if_needed(self.targets, True)
         if snapshot.final and self.dwarf is not None:
@@ -211,7 +217,7 @@ class Session:
         if self.ns.stacks:
             meta["unwind"] = "dwarf" if self.dwarf is not None else "fp"
         meta["slru_stats"] = slru_delta
-        meta["slru_stats_window_s"] = round(self.stats.window_s, 3) if slru_delta else None
+        meta["slru_stats_window_s"] = round(window_s, 3) if slru_delta else None
         meta["slru_stats_unavailable"] = self.stats.unavailable
         meta["open_errors"] = [e.as_json() for e in errors]
         if stacks is not None:
@@ -314,7 +320,10 @@ def run(ns: argparse.Namespace) -> int:
         _merge_repeated_warnings(info)
         # The closing pg_stat_slru read was taken when the probes stopped counting;
         # without that moment (the tracer died), now.
-        session.emit(snapshot, info, session.closing or stats.delta())
+        if session.closing is not None:
+            session.emit(snapshot, info, session.closing, session.closing_s)
+        else:
+            session.emit(snapshot, info, stats.delta(), stats.window_s)
     finally:
         stats.close()
         if session.texts is not None:
@@ -340,11 +349,15 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
     )
     attached = False
     closing: dict[str, dict[str, Any]] | None = None
+    closing_s = 0.0
+    # pg_stat_slru at each interval's end, as bpftrace prints that window's time line; its
+    # snapshot comes only with the next one (the parser cannot tell it is whole before).
+    ends: deque[tuple[dict[str, dict[str, Any]] | None, float]] = deque()
 
     def tick(info: RunInfo, remaining: float | None) -> None:
         # Called right after the chunk of output that made the probes live, or
         # showed that they stopped counting: the SQL window's edges.
-        nonlocal attached, closing
+        nonlocal attached, closing, closing_s
         if remaining is not None and not attached:
             attached = True
             session.stats.start()
@@ -352,18 +365,24 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
                 # clog_reads.bt counts from this signal 0 (no-op) on: right after the read.
                 sigqueue.send(stopper.pid, 0)
         if info.stopped_counting and attached and closing is None:
-            closing = session.stats.delta()
+            closing, closing_s = session.stats.delta(), session.stats.window_s
         if session.namer is not None:
             session.namer.tick()
         countdown.tick(info, remaining)
 
     def close_window() -> None:
         # Just before the SIGINT at which clog_reads.bt stops counting.
-        nonlocal closing
+        nonlocal closing, closing_s
         if attached and closing is None:
-            closing = session.stats.delta()
+            closing, closing_s = session.stats.delta(), session.stats.window_s
+
+    def window_end() -> None:
+        if ns.interval and attached and closing is None:
+            ends.append((session.stats.delta(), session.stats.window_s))
 
     capture.on_tick = tick
+    if isinstance(inner, bpftrace.BpftraceCapture):
+        inner.on_time = window_end
     if stopper is not None:
         stopper.before_signal = close_window
     final: tuple[Snapshot, RunInfo] | None = None
@@ -375,10 +394,11 @@ def _run_capture(session: Session, capture: Any) -> tuple[Snapshot, RunInfo] | N
                     session.on_line(event)
             elif event.final:
                 final = (event, capture.info)
-                session.closing = closing
+                session.closing, session.closing_s = closing, closing_s
             else:
+                delta, window_s = ends.popleft() if ends else (session.stats.delta(), 0.0)
                 with countdown.paused():
-                    session.emit(event, capture.info, session.stats.delta())
+                    session.emit(event, capture.info, delta, window_s or session.stats.window_s)
     return final
 
 

@@ -270,6 +270,16 @@ def _run_parts(
     """
     edges: set[str] = set()
     window = Window()
+
+    def check_edges() -> None:
+        for p in parts:
+            info = p.capture.info
+            for edge, reached in (("clog_live", info.probes_attached),
+                                  ("clog_stopped", info.stopped_counting)):  # fmt: skip
+                if p.name == "clog_reads" and reached and edge not in edges:
+                    edges.add(edge)
+                    on_edge(edge)
+
     for part in parts:
         if not part.late:
             part.start()
@@ -291,13 +301,7 @@ def _run_parts(
                     for p in parts:
                         if p.thread is None and not window.closed_at:
                             p.start()
-                for p in parts:
-                    info = p.capture.info
-                    for edge, reached in (("clog_live", info.probes_attached),
-                                          ("clog_stopped", info.stopped_counting)):  # fmt: skip
-                        if p.name == "clog_reads" and reached and edge not in edges:
-                            edges.add(edge)
-                            on_edge(edge)
+                check_edges()
                 if window.opened_at is None and all(p.attached_or_ended for p in parts):
                     window.opened_at = time.monotonic()
                     on_attached()
@@ -310,6 +314,9 @@ def _run_parts(
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    # The SLRU capture may stop counting and end within the loop's last 0.1 s: its edge
+    # would be missed, and stats.slru left over the SQL window.
+    check_edges()
     if window.closed_at is None:  # every part ended by itself
         window.closed_at = time.monotonic()
     for part in parts:
