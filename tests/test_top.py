@@ -3,25 +3,31 @@ throwaway cluster, and its --batch JSON lines, every figure against a truth of i
 a pg_sleep session is ~1 s per second of Timeout:PgSleep; a CPU burner's CPU in a window
 is its /proc/PID/schedstat growth over the same seconds (sampled every few ms by the
 test, on the client's clock); three --batch windows follow each other without a gap and
-add up to the span the client saw them in. Run once (not per build): the screen does not
-depend on the server's version, and the time model's numbers are checked per build by
-tests/test_waits*.py."""
+add up to the span the client saw them in; a migration queue (a reader idle in its
+transaction, an ALTER TABLE behind it, a SELECT behind the ALTER) is a blocking tree on the
+screen and in the JSON, placed as the test's own pg_blocking_pids() says, each waiter's
+seconds its own account (test_locks' timed()). Run once (not per build): the screen does
+not depend on the server's version, and the time model's numbers are checked per build by
+tests/test_waits*.py and tests/test_locks.py."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, need, run_pgprobe
+from helpers import CHECKOUT, need, run_pgprobe, until
+from test_locks import TIMED
 
 from pgprobe.sandbox import PgCluster
 from pgprobe.tools.waits import compiled
@@ -282,6 +288,180 @@ def test_top_batch_json_windows_add_up(cluster: PgCluster, ready: None, load: Lo
         waits = {r["event"]: r for r in doc["rows"] if r["view"] == "waits"}
         assert abs(waits["Timeout:PgSleep"]["total_us"] / 1e6 - meta["window_s"]) < 0.01, waits
         assert doc["tool"] == "top" and meta["cpus"] >= 1
+
+
+class JsonLines:
+    """`pgprobe top --json` running, its documents read as they come (stderr kept)."""
+
+    def __init__(self, args: list[str]) -> None:
+        argv = [sys.executable, "-m", "pgprobe", "top", *args, "--json"]
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, cwd=CHECKOUT)  # fmt: skip
+        self.docs: list[dict[str, Any]] = []
+        self.stderr: list[str] = []
+        self.readers = [threading.Thread(target=self._read, daemon=True),
+                        threading.Thread(target=self._errors, daemon=True)]  # fmt: skip
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.endswith("\n"):  # a whole document (not one cut by the end)
+                self.docs.append(json.loads(line))
+
+    def _errors(self) -> None:
+        assert self.process.stderr is not None
+        self.stderr.extend(self.process.stderr)
+
+    def wait(self, ok: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            assert self.process.poll() is None, "".join(self.stderr)
+            return next((d for d in list(self.docs) if ok(d)), None)
+
+        return until(found, what, 60)  # type: ignore[no-any-return]
+
+    def stop(self) -> str:
+        """Ctrl-C: the last window printed; stderr."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=60)
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return "".join(self.stderr)
+
+
+def placed(doc: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """A document's waiters: pid -> (its root blocker, the pid it waited behind)."""
+    return {w["pid"]: (t["root"]["pid"], w["behind"])
+            for t in doc["meta"]["blocking"]["trees"] for w in t["waiters"]}  # fmt: skip
+
+
+def expected_trees(blockers: dict[int, list[int]]) -> dict[int, tuple[int, int]]:
+    """pg_blocking_pids() as trees: each waiter under the root blocker (one that waits on
+    nothing) at the end of its chain, behind its blocker nearest that root."""
+
+    def chain(pid: int) -> list[int]:  # pid, a blocker of it, ..., the root
+        out = [pid]
+        while out[-1] in blockers and len(out) <= len(blockers):
+            out.append(min(blockers[out[-1]], key=lambda b: len(chain(b))))
+        return out
+
+    return {pid: (chain(pid)[-1], min(blockers[pid], key=lambda b: len(chain(b))))
+            for pid in blockers}  # fmt: skip
+
+
+def test_top_blocking_tree_of_a_migration_queue(cluster: PgCluster, ready: None) -> None:
+    """A idle in its transaction after reading q; B's ALTER TABLE q waits behind A; C's
+    SELECT behind B. The locks view's tree and --json's meta.blocking name A the root, B
+    and C where the test's own pg_blocking_pids() put them; each waiter's seconds over the
+    windows are its own account of the statement (wall less CPU less runqueue, read by the
+    server around it: test_locks' timed()) within 2 %."""
+    cluster.sql("DROP TABLE IF EXISTS top_queue")
+    cluster.sql("CREATE TABLE top_queue (id int PRIMARY KEY, v int)")
+    cluster.sql("INSERT INTO top_queue SELECT g, 0 FROM generate_series(1, 100) g")
+    cluster.sql(TIMED.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"))
+    watcher, holder = cluster.connect(), cluster.connect(application_name="top-holder")
+    truth: dict[int, float] = {}
+    threads: list[threading.Thread] = []
+
+    def waiter(sql: str) -> int:
+        conn = cluster.connect()
+        pid = int(conn.info.backend_pid)
+
+        def run() -> None:
+            with conn:
+                row = conn.execute("SELECT * FROM timed(%s)", (sql,)).fetchone()
+            assert row is not None
+            wall, cpu, runq = (int(str(v)) for v in row)
+            truth[pid] = (wall - cpu - runq) / 1e9  # off CPU and not runnable
+
+        threads.append(threading.Thread(target=run, daemon=True))
+        threads[-1].start()
+        until(lambda: watcher.execute("SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted",
+                                      (pid,)).fetchone(), f"{sql} queued")  # fmt: skip
+        return pid
+
+    top = JsonLines([*cluster.conn_args, "--interval", "1"])
+    screen = Screen([*cluster.conn_args, "--interval", "1", "--view", "locks"])
+    try:
+        top.wait(lambda d: True, "a first window")  # attached: the waits are all inside
+        screen.wait(lambda t: window(t) is not None, "a first window on the screen")
+        a = int(holder.info.backend_pid)
+        holder.execute("BEGIN")
+        holder.execute("SELECT * FROM top_queue LIMIT 1")
+        b = waiter("ALTER TABLE top_queue ADD COLUMN x int")
+        top.wait(lambda d: b in placed(d), "B in a tree")  # B sampled before C queues
+        c = waiter("SELECT count(*) FROM top_queue")
+        top.wait(lambda d: c in placed(d), "C in a tree")
+        rows: list[tuple[Any, ...]] = watcher.execute(
+            "SELECT pid, pg_blocking_pids(pid) FROM unnest(%s::int[]) pid", ([b, c],)
+        ).fetchall()
+        expected = expected_trees({int(pid): list(pids) for pid, pids in rows})
+        print(f"A {a}, B {b}, C {c}: pg_blocking_pids {rows}, trees {expected}")
+        assert {pid: root for pid, (root, _) in expected.items()} == {b: a, c: a}, rows
+
+        # the locks view: A's row, B under it, C under B (or A), indented by its depth
+        def tree_on_screen(lines: list[str]) -> bool:
+            pids = [ln.split()[:2] for ln in lines]
+            return [str(a)] in [p[:1] for p in pids] and ["└", str(c)] in pids
+
+        lines = screen.wait(tree_on_screen, "the blocking tree")
+        print("\n".join(lines))
+        at = {p: next(i for i, ln in enumerate(lines) if re.match(rf"\s*(└ )?{p}\b", ln)
+                      and "MODE WANTED" not in ln) for p in (a, b, c)}  # fmt: skip
+        assert at[a] < at[b] < at[c], lines
+        root = lines[at[a]]
+        assert root.split()[0] == str(a) and "idle in transaction" in root, lines
+        assert "SELECT * FROM top_queue" in root, lines
+        margin = len(root) - len(root.lstrip())
+        depth = {p: (len(lines[at[p]]) - len(lines[at[p]].lstrip()) - margin) // 2
+                 for p in (b, c)}  # fmt: skip
+        assert depth == {b: 1, c: 2 if expected[c][1] == b else 1}, lines
+        screen.keys("Enter")  # the longest-waited lock's details: its waiters' places
+        lines = screen.wait(lambda t: f"pid {b} " in "\n".join(t), "the lock's details")
+        assert f"behind {a} (root blocker {a})" in "\n".join(lines), lines
+        screen.keys("Enter")
+        # A commits as a refresh is printed: the waits end within ms, in a window that the
+        # next sample (0.5 s apart) most often does not see: kept where they were before
+        shown = len(top.docs)
+        until(lambda: len(top.docs) > shown, "a refresh", 10)
+        committed = time.time()
+        holder.execute("COMMIT")
+        for thread in threads:
+            thread.join(timeout=60)
+        over = time.time()
+        top.wait(lambda d: d["meta"]["window_unix_s"][0] > over, "a window after the waits")
+    finally:
+        stderr = top.stop()
+        screen.close()
+        holder.close()
+        watcher.close()
+    assert top.process.returncode == 0, stderr
+    assert set(truth) == {b, c}, truth
+    # While A held its transaction, every window's trees are the expected ones, A idle in it
+    before = [d for d in top.docs if d["meta"]["window_unix_s"][1] < committed and placed(d)]
+    assert before, [d["meta"]["blocking"] for d in top.docs]
+    for doc in before:
+        blocking = doc["meta"]["blocking"]
+        assert placed(doc) == {p: expected[p] for p in placed(doc)}, (blocking, expected)
+        root = blocking["trees"][0]["root"]
+        assert (root["pid"], root["state"]) == (a, "idle in transaction"), blocking
+        assert root["query"] == "SELECT * FROM top_queue LIMIT 1", blocking
+    # Each waiter's seconds, window by window, add up to its own account
+    for pid in (b, c):
+        windows = [w["waited_us"] for d in top.docs for t in d["meta"]["blocking"]["trees"]
+                   for w in t["waiters"] if w["pid"] == pid]  # fmt: skip
+        unsampled = [d["meta"]["blocking"] for d in top.docs
+                     if pid in d["meta"]["blocking"]["unsampled_pids"]]  # fmt: skip
+        assert all(u["unsampled_pids"] == [pid] for u in unsampled), unsampled
+        total = (sum(windows) + sum(u["unsampled_us"] for u in unsampled)) / 1e6
+        line = (
+            f"waiter {pid}: {total:.4f} s over {len(windows)} windows (+{len(unsampled)} "
+            f"unsampled), truth {truth[pid]:.4f} s"
+        )
+        print(line)
+        assert total == pytest.approx(truth[pid], rel=0.02), line
 
 
 @pytest.mark.parametrize(

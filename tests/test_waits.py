@@ -48,6 +48,7 @@ from helpers import (
     bpftrace_child,
     cluster_for,
     perf_event_fds,
+    start_pgprobe,
     steal_seconds_since,
     steal_ticks,
     took_lost_path,
@@ -241,6 +242,12 @@ def settled(pids: dict[str, int], quiet_s: float = 1.5) -> dict[str, tuple[int, 
     return last
 
 
+def start_waits(pg: PgCluster, engine: str) -> subprocess.Popen[str]:
+    """`pgprobe waits --by pid --json` on pg, in one engine's form (bpftrace: the script)."""
+    form = ["--engine", "bpftrace"] if engine == "bpftrace" else []
+    return start_pgprobe(["waits", *pg.conn_args, "--by", "pid", "--json", "-d", "120", *form])
+
+
 def wait_attached(probe: subprocess.Popen[str]) -> None:
     """Until bpftrace's perf events (per-CPU buffers, tracepoints) stop growing for 1 s, or
     pgprobe holds the compiled object's links (attached together)."""
@@ -331,11 +338,7 @@ def test_time_model_against_truth(
     }
     before = settled(watched)
     steal_before = steal_ticks()
-    probe = subprocess.Popen(
-        [sys.executable, "-m", "pgprobe", "waits", *pg.conn_args, "--by", "pid", "--json",
-         "-d", "120", *(["--engine", "bpftrace"] if engine == "bpftrace" else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
-    )  # fmt: skip
+    probe = start_waits(pg, engine)
     try:
         wait_attached(probe)
         assert {n: schedstat(p) for n, p in watched.items()} == before, "ran while attaching"

@@ -324,6 +324,7 @@ class LockSampler(threading.Thread):
         self.samples: list[Sample] = []
         self.error: str | None = None
         self.lost_at: float | None = None  # time.monotonic() when the session failed
+        self.backend_pid = 0  # its session's backend, once connected (a tool leaves it out)
         self._done = threading.Event()
         self._start = time.monotonic()
 
@@ -334,6 +335,7 @@ class LockSampler(threading.Thread):
     def run(self) -> None:
         try:
             with discover.connect_conninfo(self.conninfo) as conn, conn.cursor() as cur:
+                self.backend_pid = int(conn.info.backend_pid)
                 self._start = time.monotonic()
                 while not self._done.is_set():
                     began = time.monotonic()

@@ -31,13 +31,23 @@ class Tree:
     def total_ns(self) -> int:
         return sum(self.waited_ns.values())
 
-    def depth(self, pid: int) -> int:
-        """How far a waiter is from the root (1: behind the root itself)."""
-        steps, seen = 0, set()
-        while pid != self.root and pid in self.behind and pid not in seen:
-            seen.add(pid)
-            pid, steps = self.behind[pid], steps + 1
-        return steps
+    def depth_first(self) -> list[tuple[int, int]]:
+        """(pid, depth): the root (0), then its waiters depth first, each right under the
+        pid it waited behind. A waiter whose pid ahead is in no row of this tree (placed in
+        another tree by its own samples), or in a loop of waiters behind each other, is
+        under the root."""
+        kids: dict[int, list[int]] = {}
+        for pid, ahead in self.behind.items():
+            kids.setdefault(ahead if ahead in self.behind else self.root, []).append(pid)
+        out, seen = [(self.root, 0)], set()
+        stack = [(pid, 1) for pid in sorted(kids.get(self.root, []), reverse=True)]
+        while stack:
+            pid, depth = stack.pop()
+            if pid not in seen:
+                seen.add(pid)
+                out.append((pid, depth))
+                stack.extend((k, depth + 1) for k in sorted(kids.get(pid, []), reverse=True))
+        return out + [(pid, 1) for pid in sorted(set(self.behind) - seen)]
 
 
 @dataclass
@@ -93,7 +103,7 @@ def as_json(trees: Trees, lock_of: dict[int, tuple[str, str]]) -> dict[str, obje
                           "lock": lock_of.get(pid, ("", ""))[0],
                           "mode": lock_of.get(pid, ("", ""))[1],
                           "waited_us": round(t.waited_ns[pid] / 1000, 3)}
-                         for pid in sorted(t.behind, key=lambda p: (t.depth(p), p))]}
+                         for pid, _depth in t.depth_first()[1:]]}
             for t in trees.trees
         ],
         "unsampled_us": round(trees.unsampled_ns / 1000, 3),

@@ -69,9 +69,9 @@ def show_trees(title: str, trees: Trees, lock_of: dict[int, tuple[str, str]], wi
     for t in trees.trees:
         cells.append({**session(t.root, ""), "waited_s": f"{t.total_ns / 1e9:,.3f}",
                       "lock": f"root of {len(t.behind)} waiting"})  # fmt: skip
-        for pid in sorted(t.behind, key=lambda p: (t.depth(p), p)):
+        for pid, depth in t.depth_first()[1:]:  # each waiter under the pid it waited behind
             lock, mode = lock_of.get(pid, ("(not measured)", ""))
-            cells.append({**session(pid, "  " * t.depth(pid) + "└ "), "lock": lock,
+            cells.append({**session(pid, "  " * depth + "└ "), "lock": lock,
                           "mode": mode, "waited_s": f"{t.waited_ns[pid] / 1e9:,.3f}"})  # fmt: skip
     empty = "no session waited behind another in the samples"
     table.render(title, TREE_COLUMNS, cells, empty=empty)

@@ -62,7 +62,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         return live(ns, source) if screen else batch(ns, source)
     finally:
-        source.sessions.close()
+        source.close()
 
 
 def batch(ns: argparse.Namespace, source: Source) -> int:

@@ -4,8 +4,10 @@ The time model's window (tools/waits/records: each process's time since the last
 its statements (tools/queries/records) and lock waits (tools/locks/records), and the
 sessions pg_stat_activity showed at the refresh, into one Frame: DB time split by class
 (average active sessions, against the CPUs), one row per backend, per wait event, per
-statement and per lock. DB time = on CPU + waiting for a CPU + the waits that are not
-idle (as the time model's `idle`: a ClientRead between transactions, a main loop).
+statement and per lock, with the window's blocking trees (tools/locks/trees: each
+waiter under the root blocker the SQL sampler saw it behind most, with its exact seconds).
+DB time = on CPU + waiting for a CPU + the waits that are not idle (as the time model's
+`idle`: a ClientRead between transactions, a main loop).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgprobe import waitevents
-from pgprobe.tools.locks.records import LockRow
+from pgprobe.tools.locks import trees as lock_trees
+from pgprobe.tools.locks.records import LockRow, LockWait
+from pgprobe.tools.locks.trees import Tree, Trees
 from pgprobe.tools.queries.records import StatementTime, named_waits
 from pgprobe.tools.waits.records import ProcessTime
 from pgprobe.waitevents import backend_state
@@ -126,6 +130,8 @@ class Frame:
     lock_label: Callable[[LockRow], str]
     lost: list[str]  # one line each: what the capture lost in this window
     major: int
+    blocking: Trees | None = None  # who blocked whom; None: no SQL sampler (no session)
+    lock_of: dict[int, tuple[str, str]] = field(default_factory=dict)  # waiter: lock, mode
 
     @property
     def window_s(self) -> float:
@@ -227,7 +233,42 @@ def meta(frame: Frame) -> dict[str, Any]:
         "process_seconds": round(frame.process_ns / 1e9, 6),
         "processes": len(frame.backends),
         "lost": list(frame.lost),
-    }
+        "blocking": None if frame.blocking is None else lock_trees.as_json(frame.blocking,
+                                                                           frame.lock_of),
+    }  # fmt: skip
+
+
+def carry(now: Trees, before: Trees | None, waits: Iterable[LockWait]) -> Trees:
+    """A window's trees, with each wait that goes on from the window before (none of its
+    waits began in this one) and that no sample of this window saw (it ended before the
+    first) kept where the samples placed it then, with its seconds of this window."""
+    if before is None or not now.unsampled_pids:
+        return now
+    placed = {pid: (t, t.behind[pid]) for t in before.trees for pid in t.behind}
+    begun: dict[int, int] = defaultdict(int)
+    exact: dict[int, int] = defaultdict(int)
+    for w in waits:
+        begun[w.pid] += w.waits
+        exact[w.pid] += w.ns
+    trees = {t.root: t for t in now.trees}
+    left = []
+    for pid in now.unsampled_pids:
+        if pid not in placed or begun[pid]:
+            left.append(pid)
+            continue
+        old, ahead = placed[pid]
+        tree = trees.setdefault(old.root, Tree(old.root, old.session))
+        tree.behind[pid], tree.waited_ns[pid] = ahead, exact[pid]
+    ordered = sorted(trees.values(), key=lambda t: (-t.total_ns, -len(t.behind), t.root))
+    sessions = {**before.sessions, **now.sessions}
+    return Trees(ordered, sessions, sum(exact[p] for p in left), left, now.samples)
+
+
+def tree_rows(blocking: Trees | None) -> list[tuple[Tree, int, int]]:
+    """The trees as rows, each root then its waiters depth first (Tree.depth_first):
+    (tree, pid, depth), depth 0 the root."""
+    trees = blocking.trees if blocking is not None else []
+    return [(tree, pid, depth) for tree in trees for pid, depth in tree.depth_first()]
 
 
 def rows(frame: Frame) -> list[dict[str, Any]]:

@@ -6,6 +6,9 @@ snapshot) and its window is the difference with the read before (tools/waits/rec
 so no time falls between two refreshes; `interval` may change between two reads (`+`, `-`).
 Past records.RECYCLE_AFTER_EXITED exited processes in the maps (connection churn) the
 capture is stopped and started again, as `waits --interval` does, and the refresh says so.
+Beside it, with the lock dimension, pgprobe locks' SQL sampler (pgstats.locks: pg_locks and
+pg_blocking_pids while someone waits) runs all along on a session of its own; each refresh
+takes the samples since the last one into its window's blocking trees (tools/locks/trees).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from pgprobe.engines.compiled import CompiledCapture
 from pgprobe.errors import EXIT_ENV, PgprobeError
 from pgprobe.pgstats import relnames
 from pgprobe.pgstats import statements as pgss
+from pgprobe.pgstats.locks import LockSampler, Sample
 from pgprobe.tools.locks import records as lock_records
+from pgprobe.tools.locks import trees as lock_trees
 from pgprobe.tools.queries import records as query_records
 from pgprobe.tools.top import records
 from pgprobe.tools.top.sessions import Sessions
@@ -88,6 +93,8 @@ class Source:
         self.gone = ""  # the server went away: why, in one line
         self.info: RunInfo | None = None
         self.snapshot = Snapshot(label="")  # the last refresh's (its common meta)
+        self.sampler: LockSampler | None = None  # who blocks whom (with the lock dimension)
+        self._blocking: lock_trees.Trees | None = None  # the last refresh's trees
         self._stop = False
 
     def set_interval(self, seconds: int) -> None:
@@ -100,6 +107,33 @@ class Source:
         self._stop = True
         if self.capture is not None:
             self.capture.request_stop()
+
+    def close(self) -> None:
+        """The SQL sessions closed (the sampler's thread ended)."""
+        if self.sampler is not None and self.sampler.is_alive():
+            self.sampler.stop()
+        self.sessions.close()
+
+    def _start_sampler(self) -> None:
+        if self.dims.locks is not None and self.targets.cluster.conninfo is not None:
+            self.sampler = LockSampler(self.targets.cluster.conninfo)
+            self.sampler.start()
+
+    def _samples(self) -> tuple[list[Sample], str]:
+        """The sampler's samples since the last refresh; its error, once, when it stopped
+        (a new one is started: the trees miss the seconds between)."""
+        sampler = self.sampler
+        if sampler is None:
+            return [], ""
+        # taken out of the sampler's list (top runs for hours: the list would only grow);
+        # the thread only appends, so the first n are these whatever it adds meanwhile
+        n = len(sampler.samples)
+        new = sampler.samples[:n]
+        del sampler.samples[:n]
+        if sampler.error is None or sampler.is_alive():
+            return new, ""
+        self._start_sampler()
+        return new, f"{sampler.error} (started again: no tree in between)"
 
     def frames(self) -> Generator[records.Frame, None, None]:
         """A Frame at each refresh until stopped, the duration ends or the server is gone."""
@@ -123,6 +157,8 @@ class Source:
         args = probe.script_args(targets, self.where, self.interval)
         capture = compiled.capture(args, duration, query=self.dims.query, locks=self.dims.locks)
         self.capture = capture
+        if self.sampler is None:
+            self._start_sampler()
         capture.on_tick = self.on_tick
         self.info = capture.info
         self.sessions.read()  # pg_stat_statements' first counters, before the first window
@@ -161,11 +197,12 @@ class Source:
         """One refresh: the window since `previous` of every view."""
         targets, major = self.targets, self.targets.cluster.major
         reading = self.sessions.read()
-        own = self.sessions.own_pid
+        samples, sampler_error = self._samples()
+        own = {self.sessions.own_pid, self.sampler.backend_pid if self.sampler else 0}
         keep = counted(targets)
 
         def kept(pid: int) -> bool:
-            return pid != own and keep(pid)
+            return pid not in own and keep(pid)
 
         procs = [p for p in waits_records.since(previous, snapshot, alive, ours(targets))
                  if kept(p.pid)]  # fmt: skip
@@ -190,10 +227,18 @@ class Source:
 
         start, end = waits_records.window(snapshot, previous)
         lost = self._lost(snapshot, previous, info, failed_before, reading.error)
+        if sampler_error:
+            lost.append(sampler_error)
+        blocking = None
+        if self.sampler is not None:
+            blocking = records.carry(lock_trees.window_trees(samples, waits), self._blocking,
+                                     waits)  # fmt: skip
+            self._blocking = blocking
+        lock_of = lock_records.lock_of(waits, lambda tag: lock_records.label(tag, major, names))
         return records.Frame(start, end, time.time() - (time.monotonic_ns() - end) / 1e9,
                              self.cpus, by_class, wall, backends, records.waits(procs, major),
                              statements, lock_records.by_lock(waits), label, lost,
-                             major)  # fmt: skip
+                             major, blocking, lock_of)  # fmt: skip
 
     def _lost(
         self,

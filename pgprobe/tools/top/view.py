@@ -2,7 +2,8 @@
 the plain text of --once, --batch and a pipe. Every name from the server is a rich Text
 made literal (pgprobe.literal), never markup. The screen is laid out at each draw for the
 terminal's size then (80x24 and up: the statement text takes what is left), and its
-colours follow NO_COLOR (rich's Console): without colours the bar's classes are letters."""
+colours follow NO_COLOR (rich's Console): without colours the bar's classes are letters.
+The locks view has the window's blocking trees under its table (records.tree_rows)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rich.text import Text
 
 from pgprobe.literal import literal, literal_lines, one_line
 from pgprobe.render import table
+from pgprobe.tools.locks.trees import Tree
 from pgprobe.tools.queries.records import components
 from pgprobe.tools.top import records
 from pgprobe.tools.top.records import CLASSES, Frame
@@ -44,7 +46,10 @@ COLUMNS: dict[str, list[C]] = {
     "locks": [C("lock", "LOCK"), C("mode", "MODE WANTED"), C("waiters", "WAITERS", True),
               C("waits", "WAITS", True), C("s", "SECONDS", True), C("max", "MAX s", True)],
 }  # fmt: skip
-NARROW = {"backends": {"client", "wait"}}  # left out below WIDE columns
+TREE_COLUMNS = [C("pid", "PID"), C("state", "STATE"), C("xact", "XACT s", True),
+                C("waited", "WAITED s", True), C("lock", "LOCK"), C("mode", "MODE WANTED"),
+                C("query", "STATEMENT")]  # fmt: skip
+NARROW = {"backends": {"client", "wait"}, "trees": {"lock", "mode"}}  # left out below WIDE
 WIDE = 110
 FLEX = {"query", "waits", "app", "client", "now", "event", "lock"}  # cut to fit, in that order
 TITLES = {"statements": "Statements", "backends": "Backends", "waits": "Wait events",
@@ -52,6 +57,7 @@ TITLES = {"statements": "Statements", "backends": "Backends", "waits": "Wait eve
 EMPTY = {"statements": "no statement ran in the window", "backends": "no process in the window",
          "waits": "no DB time in the window",
          "locks": "no heavyweight lock waits in the window"}  # fmt: skip
+TREES_EMPTY = "no session waited behind another in the samples"
 KEYS = ("1-4", "view", "<>", "sort", "r", "order", "/", "filter", "Space", "pause",
         "↑↓⏎", "details", "q", "quit")  # fmt: skip
 
@@ -89,6 +95,34 @@ def cells(view: str, row: Any, frame: Frame) -> dict[str, str]:
     return {"lock": frame.lock_label(row), "mode": row.mode_name, "waiters": str(len(row.waiters)),
             "waits": f"{row.waits:,}", "s": seconds(row.ns),
             "max": seconds(row.max_ns)}  # fmt: skip
+
+
+def tree_cells(frame: Frame, tree: Tree, pid: int, depth: int) -> dict[str, str]:
+    """A row of a blocking tree: the root's session and its tree's seconds, or a waiter
+    indented under the pid it waited behind, with its own seconds (the window's)."""
+    assert frame.blocking is not None
+    s = frame.blocking.sessions.get(pid)
+    if depth:
+        lock, mode = frame.lock_of.get(pid, ("(not measured)", ""))
+    else:
+        lock, mode = f"root of {len(tree.behind)} waiting", ""
+    return {"pid": f"{'  ' * depth}└ {pid}" if depth else str(pid),
+            "state": (s.state or "") if s else "(gone)",
+            "xact": "" if s is None or s.xact_age_s is None else f"{s.xact_age_s:,.1f}",
+            "waited": seconds(tree.waited_ns.get(pid, 0) if depth else tree.total_ns),
+            "lock": lock, "mode": mode,
+            "query": one_line((s.query or "") if s else "", TEXT_WIDTH)}  # fmt: skip
+
+
+def trees_title(frame: Frame, more: str = "", short: bool = False) -> str:
+    """What the trees are made of (the screen's within 80 columns), and the seconds no
+    sample placed."""
+    assert frame.blocking is not None
+    b = frame.blocking
+    unsampled = (f"; {b.unsampled_ns / 1e9:.3f} s of waits no sample saw (pids "
+                 f"{', '.join(map(str, b.unsampled_pids))})" if b.unsampled_ns else "")  # fmt: skip
+    how = "" if short else "; each waiter under the root it was seen behind most"
+    return f"Blocking trees ({b.samples} samples of pg_locks with waiters{how}){more}{unsampled}"
 
 
 def title_line(frame: Frame, version: str, postmaster: int) -> str:
@@ -144,6 +178,13 @@ def plain(frame: Frame, version: str, postmaster: int, views: Sequence[str], lim
         more = f" (first {limit} of {len(rows)})" if len(rows) > limit else ""
         print()
         table.render(f"{TITLES[view]}{more}", COLUMNS[view], shown, empty=EMPTY[view])
+        if view == "locks" and frame.blocking is not None and frame.locks:
+            trees = records.tree_rows(frame.blocking)
+            more = f" (first {limit} of {len(trees)} rows)" if len(trees) > limit else ""
+            print()
+            table.render(trees_title(frame, more), TREE_COLUMNS,
+                         [tree_cells(frame, *row) for row in trees[:limit]],
+                         empty=TREES_EMPTY)  # fmt: skip
     print(flush=True)
 
 
@@ -171,9 +212,11 @@ class Screen:
             body -= len(shown)
             yield from shown
         else:
-            grid, used = self._table(width, body)
+            trees, taken = self._trees(width, body)
+            grid, used = self._table(width, body - taken)
             yield grid
-            body -= used
+            yield from trees
+            body -= used + taken
         yield from [Text("")] * max(body, 0)
         yield self._keys(width)
 
@@ -262,6 +305,34 @@ class Screen:
                          style="reverse" if i == state.selected else None)  # fmt: skip
         return grid, 1 + max(min(len(rows) - first, room), 1)
 
+    def _trees(self, width: int, body: int) -> tuple[list[Text | Table], int]:
+        """Under the locks view's table: the blocking trees in what its rows leave (at least
+        half the height when they need it), and the lines they take."""
+        frame = self.frame
+        if self.state.view != "locks" or frame is None or frame.blocking is None:
+            return [], 0
+        if not frame.locks:
+            return [], 0
+        rows = records.tree_rows(frame.blocking)
+        room = min(len(rows), max(body - 3 - len(frame.locks), body // 2 - 2))
+        more = f", first {max(room, 0)} of {len(rows)} rows" if room < len(rows) else ""
+        title = Text(literal(trees_title(frame, more, short=True) if rows else TREES_EMPTY),
+                     style="dim", no_wrap=True, overflow="ellipsis")  # fmt: skip
+        if room < 1:
+            return [title], 1
+        grid = Table(box=None, expand=True, padding=(0, 1), show_edge=False, width=width,
+                     header_style="bold reverse")  # fmt: skip
+        columns = [c for c in TREE_COLUMNS if width >= WIDE or c.key not in NARROW["trees"]]
+        for col in columns:
+            flex = col.key in FLEX
+            grid.add_column(col.header, justify="right" if col.numeric else "left",
+                            no_wrap=True, overflow="ellipsis", ratio=2 if flex else None,
+                            min_width=8 if flex else len(col.header))  # fmt: skip
+        for row in rows[:room]:
+            texts = tree_cells(frame, *row)
+            grid.add_row(*(Text(literal(texts[c.key])) for c in columns))
+        return [title, grid], 2 + room
+
     def _detail(self, width: int) -> Iterator[Text]:
         frame, state = self.frame, self.state
         assert frame is not None
@@ -312,5 +383,9 @@ def detail_lines(view: str, row: Any, frame: Frame) -> Iterable[str]:
         yield "backends: " + ", ".join(map(str, sorted(row.pids)))
     else:
         yield f"{frame.lock_label(row)}, mode {row.mode_name}: {row.ns / 1e9:.3f} s"
+        placed = {pid: (t.root, t.behind[pid]) for t, pid, depth in
+                  records.tree_rows(frame.blocking) if depth}  # fmt: skip
         for pid, ns in sorted(row.waiters.items(), key=lambda kv: -kv[1]):
-            yield f"  pid {pid:<8} {ns / 1e9:9.3f} s"
+            root, ahead = placed.get(pid, (None, None))
+            where = f"  behind {ahead} (root blocker {root})" if root is not None else ""
+            yield f"  pid {pid:<8} {ns / 1e9:9.3f} s{where}"

@@ -1,0 +1,272 @@
+"""pgprobe waits: the runqueue time split into "woken, not yet running" and "preempted".
+
+Only the sum of the two rows was checked against /proc/PID/schedstat (tests/test_waits.py):
+the two swapped, in bpf/waits.bpf.c or bpf/waits.bt, failed no test (issue 36). Here, in
+both forms (the compiled object, the bpftrace script), one capture by pid of three loads
+whose answer is known:
+- (a) a pure sleeper (pg_sleep(0.01) 100 times, none of our burners running, at a real-time
+  priority so that nothing of this shared machine preempts it) waits for a CPU only after
+  its wakeups: all its runqueue time is "woken", none "preempted";
+- (b) four CPU burners (more runnable backends than the VM's 2 CPUs) wait for a CPU after
+  the scheduler took it from them: their runqueue time is mostly "preempted";
+- (c) a sleeper (pg_sleep(0.01) 200 times) beside the four: each wakeup finds both CPUs
+  busy and waits for one, so its runqueue time is mostly "woken".
+Independent truths, from the kernel: /proc/PID/schedstat's deltas (on CPU, runqueue, runs)
+and nonvoluntary_ctxt_switches (the backend's preemptions: where it counts none, pgprobe's
+"preempted" must be 0). The backends are idle across both edges of the window (checked), so
+the reads before and after cover the probe's window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import (
+    LOST_PATH_SHARE,
+    cluster_for,
+    steal_seconds_since,
+    steal_ticks,
+    took_lost_path,
+    until,
+)
+from test_waits import PER_RUN_US, near, schedstat, settled, start_waits, total_us, wait_attached
+
+from pgprobe.pgbuilds import PgBuild
+from pgprobe.sandbox import PgCluster
+
+BURNERS = 4  # runnable backends, beside the 2 CPUs of this VM (and whatever else runs)
+BURN = "DO $$ BEGIN LOOP END LOOP; END $$"  # CPU only, until cancelled (no sleep, no I/O)
+WOKEN, PREEMPTED = "runqueue (woken, not yet running)", "runqueue (preempted)"
+
+
+def sleeps(n: int) -> str:
+    return f"SELECT pg_sleep(0.01) FROM generate_series(1, {n})"
+
+
+# The bounds: the share of a backend's runqueue time in the row its load predicts, in ~25
+# runs of this file on Debian's 15 here (2 CPUs shared with other test runs, load 2-8), both
+# forms: (a) 1.000 in every run; (b) 0.982-1.000; (c) 1.000 in most, 0.925-0.968 where the
+# kernel counted one preemption of it, and once 0.795 (a preemption cost 3.9 ms beside 15 ms
+# woken in 100 sleeps: hence 200 sleeps, and "mostly" rather than 0.8). Swapped, each falls
+# to 1 minus that.
+SHARE_ALONE = SHARE_BURNER = 0.8
+SHARE_BESIDE = 0.5
+STAMP_US = 2.0  # a switch's two stamps (scheduler's clock, tracepoint's) apart, at most
+
+
+@dataclass
+class Capture:
+    engine: str
+    doc: dict[str, Any]
+    pids: dict[str, int]
+    truth_us: dict[str, tuple[float, float]]  # schedstat's deltas: (on CPU, runqueue)
+    runs: dict[str, int]  # schedstat's run count delta
+    preemptions: dict[str, int]  # nonvoluntary_ctxt_switches' delta
+    steal_us: float  # the machine's steal over the window, at most (not in schedstat's CPU)
+    lost: set[str]  # the backends whose events pgprobe said it lost (all: it skipped runs)
+
+
+def proc_state(pid: int) -> str:
+    """The task's state letter in /proc/PID/stat (R: running or runnable)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def preemptions(pid: int) -> int:
+    """The kernel's count of the task's switches while runnable (nonvoluntary_ctxt_switches
+    in /proc/PID/status): a preemption or a yield, what pgprobe's "preempted" follows."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("nonvoluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no nonvoluntary_ctxt_switches in /proc/{pid}/status")
+
+
+@pytest.fixture(scope="module")
+def split_cluster(pg_build: PgBuild, tracing: None) -> Iterator[PgCluster]:
+    with cluster_for(pg_build, name="pgprobe-runq-split") as pg:
+        yield pg
+
+
+_captures: dict[tuple[str, str], Capture] = {}
+
+
+def capture(pg: PgCluster, engine: str) -> Capture:
+    """One capture per engine and cluster, shared by the tests of this module."""
+    key = (str(pg.root), engine)
+    if key not in _captures:
+        _captures[key] = _capture(pg, engine)
+    return _captures[key]
+
+
+def _capture(pg: PgCluster, engine: str) -> Capture:
+    names = ["alone", "beside", *(f"burner{i}" for i in range(BURNERS))]
+    burners = names[2:]
+    conns = {name: pg.connect() for name in names}
+    control = pg.connect()  # cancels the burners: not watched
+    # No statement on the watched backends before the window: a 15+ backend whose statement
+    # ends within 1 s of its connection's statistics flush wakes 10 s later (test_waits).
+    pids = {n: int(c.info.backend_pid) for n, c in conns.items()}
+    probe: subprocess.Popen[str] | None = None
+    threads: dict[str, threading.Thread] = {}
+    cancelled: list[str] = []
+
+    def burn(name: str) -> None:
+        try:
+            conns[name].execute(BURN)
+        except psycopg.errors.QueryCanceled:
+            cancelled.append(name)
+
+    def burning() -> bool:
+        return all(proc_state(pids[n]) == "R" for n in burners)
+
+    try:
+        # Real-time: a plain sleeper was preempted here by other test runs' tasks (27 of
+        # its 128 runs once, 1.2 ms of its 4.2 ms of runqueue time), which (a) is not about.
+        os.sched_setscheduler(pids["alone"], os.SCHED_FIFO, os.sched_param(1))
+        before = settled(pids)
+        nivcsw = {n: preemptions(p) for n, p in pids.items()}
+        steal_before = steal_ticks()
+        probe = start_waits(pg, engine)
+        wait_attached(probe)
+        assert {n: schedstat(p) for n, p in pids.items()} == before, "ran while attaching"
+        conns["alone"].execute(sleeps(100))  # (a): before any burner starts
+        threads = {n: threading.Thread(target=burn, args=(n,)) for n in burners}
+        for thread in threads.values():
+            thread.start()
+        # (c) once all four are on a CPU or waiting for one, and still so after it: every
+        # one of its wakeups found more runnable backends than CPUs.
+        until(burning, "the burners running")
+        conns["beside"].execute(sleeps(200))
+        assert burning(), {n: proc_state(pids[n]) for n in burners}
+        for name in burners:
+            control.execute("SELECT pg_cancel_backend(%s)", (pids[name],))
+        for thread in threads.values():
+            thread.join(timeout=60)
+        assert sorted(cancelled) == burners, cancelled
+        after = settled(pids)
+        nivcsw = {n: preemptions(p) - nivcsw[n] for n, p in pids.items()}
+        probe.send_signal(signal.SIGINT)
+        out, err = probe.communicate(timeout=120)
+        steal_us = steal_seconds_since(steal_before) * 1e6
+        assert {n: schedstat(p) for n, p in pids.items()} == after, "ran while stopping"
+    finally:
+        if probe is not None and probe.poll() is None:
+            probe.send_signal(signal.SIGINT)
+            probe.communicate(timeout=60)
+        for name, thread in threads.items():  # a failure above left it burning: end it
+            if thread.is_alive():
+                control.execute("SELECT pg_cancel_backend(%s)", (pids[name],))
+            thread.join(timeout=60)
+        for conn in [*conns.values(), control]:
+            conn.close()
+    assert probe.returncode == 0, err
+    doc = json.loads(out)
+    assert doc["meta"]["engine"] == ("libbpf" if engine == "compiled" else "bpftrace"), err
+    # Probe runs the kernel skipped (another tool's BPF program held the CPU) may be any
+    # backend's; a pid named lost is that one's.
+    missed, named = doc["meta"]["missed_runs"], set(doc["meta"]["lost_pids"])
+    lost = {n for n, p in pids.items() if missed or p in named}
+    print(f"\n{engine}: stderr {err.strip()!r}; missed runs {missed}, lost pids {named}")
+    # bpftrace's script named one of these pids lost in most captures here (about 4 in 5,
+    # as test_waits allows it): its exact checks must hold in one run of five at least. The
+    # compiled form lost none here.
+    took_lost_path(f"waits runqueue split ({engine})", bool(lost),
+                   0.8 if engine == "bpftrace" else LOST_PATH_SHARE)  # fmt: skip
+    return Capture(
+        engine, doc, pids,
+        {n: ((after[n][0] - before[n][0]) / 1e3, (after[n][1] - before[n][1]) / 1e3)
+         for n in names},
+        {n: after[n][2] - before[n][2] for n in names},
+        nivcsw, steal_us, lost,
+    )  # fmt: skip
+
+
+def check_split(got: Capture, name: str, expected: str, bound: float) -> None:
+    """The backend's time against schedstat's, and at least `bound` of its runqueue time
+    in the row its load predicts (`expected`)."""
+    pid, rows = got.pids[name], got.doc["rows"]
+    woken = total_us(rows, pid, "runqueue", "CPU", WOKEN)
+    preempted = total_us(rows, pid, "runqueue", "CPU", PREEMPTED)
+    cpu = total_us(rows, pid, "on CPU")
+    (cpu_truth, truth), runs = got.truth_us[name], got.runs[name]
+    mine, other = (woken, preempted) if expected == WOKEN else (preempted, woken)
+    share = mine / (mine + other) if mine + other else 0.0
+    print(f"{got.engine} {name}{' (lost)' if name in got.lost else ''}: woken {woken:.0f} us, "
+          f"preempted {preempted:.0f} us, schedstat {truth:.0f} us; on CPU {cpu:.0f} us, "
+          f"schedstat {cpu_truth:.0f} us; {runs} runs, {got.preemptions[name]} preemptions: "
+          f"{share:.3f} {expected}")  # fmt: skip
+    # On CPU + runqueue against schedstat's: a wakeup that preempts skips the scheduler's
+    # clock update, and schedstat's CPU then gains what its runqueue loses (test_waits),
+    # which moves time between the two but not their sum. That sum differs only by the
+    # stamps, "a few us apart" at each switch (docs/waits.md): the bpftrace form's
+    # real-time sleeper measured up to 0.9 us a run off it (86 us short of 4 ms of CPU and
+    # runqueue in 101 runs: beyond 2 %). pgprobe's CPU includes steal, schedstat's not.
+    busy, busy_truth = cpu + woken + preempted, cpu_truth + truth
+    floor = 50 + STAMP_US * runs
+    high = busy_truth + max(busy_truth * 0.02, floor + got.steal_us)
+    if name in got.lost:  # recorded with took_lost_path(), once per capture
+        # Lost events lose time (a lost switch-in) or move a wakeup's runqueue time to the
+        # sleep, never into the other row: that bound holds, against the truth.
+        assert busy <= high, (name, busy, busy_truth, got.steal_us)
+        assert other <= (1 - bound) * truth, (name, expected, woken, preempted, truth)
+        return
+    assert busy_truth - max(busy_truth * 0.02, floor) <= busy <= high, (name, busy, busy_truth)
+    # The runqueue alone: docs/waits.md's precision, +- 2 % or 50 us a run. Not for the
+    # bpftrace form's real-time sleeper: each of its wakeups preempts, moving its whole
+    # wake latency in schedstat (8-89 us a run measured; the compiled form reads
+    # schedstat's own count).
+    if not (name == "alone" and got.engine == "bpftrace"):
+        assert near(woken + preempted, truth, 2.0, PER_RUN_US * runs), (name, woken, preempted)
+    # Runqueue time after a preemption needs a preemption: none counted, none charged.
+    if got.preemptions[name] == 0:
+        assert preempted == 0, (name, woken, preempted)
+    if mine + other == 0:
+        # Nothing to split, as in schedstat (checked above): the compiled form's real-time
+        # sleeper once, in 14 runs. A wakeup that preempts at once skips the scheduler's
+        # clock update, so it waited 0 in run_delay, which that form reads.
+        return
+    assert share >= bound, (name, expected, woken, preempted, truth)
+
+
+ENGINES = pytest.mark.parametrize("engine", ["compiled", "bpftrace"])
+
+
+@pytest.mark.once
+@ENGINES
+def test_a_pure_sleeper_waits_for_a_cpu_only_when_woken(
+    pg_build: PgBuild, split_cluster: PgCluster, engine: str
+) -> None:
+    """(a) pg_sleep(0.01) 100 times, no burner of ours, nothing preempting it: its runqueue
+    time is woken, none preempted (the kernel counted no preemption of it in every run)."""
+    check_split(capture(split_cluster, engine), "alone", WOKEN, SHARE_ALONE)
+
+
+@pytest.mark.once
+@ENGINES
+def test_cpu_burners_on_saturated_cpus_wait_after_preemptions(
+    pg_build: PgBuild, split_cluster: PgCluster, engine: str
+) -> None:
+    """(b) four CPU-bound backends on two CPUs: their runqueue time is preempted time."""
+    got = capture(split_cluster, engine)
+    for i in range(BURNERS):
+        check_split(got, f"burner{i}", PREEMPTED, SHARE_BURNER)
+
+
+@pytest.mark.once
+@ENGINES
+def test_a_sleeper_woken_on_busy_cpus_waits_as_woken(
+    pg_build: PgBuild, split_cluster: PgCluster, engine: str
+) -> None:
+    """(c) pg_sleep(0.01) 200 times beside the four burners: each wakeup finds both CPUs
+    busy and waits for one, and that time is "woken, not yet running"."""
+    check_split(capture(split_cluster, engine), "beside", WOKEN, SHARE_BESIDE)
