@@ -38,6 +38,7 @@ from pgprobe.pgstats.locks import (
     blocking_tree,
 )
 from pgprobe.sandbox import PgCluster
+from pgprobe.tools.locks.trees import Tree
 
 # room for LARGE_TABLE locks in the shared lock table (max_locks_per_transaction x backends)
 STATEMENTS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on",
@@ -411,3 +412,11 @@ def test_trees_largest_first_and_cycles_rooted_at_their_lowest_pid() -> None:
     assert [(t.pid, sorted(t.pids())) for t in trees] == [
         (20, [20, 21, 22, 23]), (31, [31, 32, 33]), (10, [10, 11])]  # fmt: skip
     assert trees[1].waiter is not None  # a cycle's root waits too
+
+
+def test_a_window_tree_lists_each_waiter_right_under_the_pid_it_waited_behind() -> None:
+    # two branches under root 1: 10 <- 12 and 11 <- 13; 14 behind a pid of no row (its own
+    # samples put that one in another tree) and a loop 15 <-> 16: under the root
+    tree = Tree(1, None, behind={10: 1, 11: 1, 12: 10, 13: 11, 14: 99, 15: 16, 16: 15})
+    assert tree.depth_first() == [(1, 0), (10, 1), (12, 2), (11, 1), (13, 2), (14, 1),
+                                  (15, 1), (16, 1)]  # fmt: skip
