@@ -419,14 +419,14 @@ def test_lwlocks_on_each_build(
     tested_on: Callable[[str, str], None],
 ) -> None:
     """With USDT probes: waits (the checks against pg_stat_activity run on the ONCE build
-    above). Without: LWLock sleeps from the scheduler, said in one line."""
+    above; its "Tested on" cell is test_lwlocks_counts', from a load that waited). Without:
+    LWLock sleeps from the scheduler, said in one line."""
     done = run_pgprobe(["lwlocks", *build_cluster.conn_args, "-d", "1", "--json"])
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["tool"] == "lwlocks"
     if pg_build.has_usdt:
         assert doc["meta"]["source"] == "usdt"
-        tested_on("lwlocks", "yes")
         return
     assert doc["meta"]["source"] == "sched_switch"
     assert "has no LWLock USDT probes: showing LWLock sleeps" in done.stderr

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -50,7 +51,7 @@ def counted(text: str) -> Counter[str]:
 
 
 def test_usdt_waits_per_tranche_equal_an_independent_counter(
-    cluster: PgCluster, tracing: None, pg_build: PgBuild
+    cluster: PgCluster, tracing: None, pg_build: PgBuild, tested_on: Callable[[str, str], None]
 ) -> None:
     need(pg_build.has_usdt, f"{pg_build.id} has no USDT probes: nothing to count")
     argv = ["bpftrace", "-f", "json", "-e", COUNTER, str(pg_build.postgres),
@@ -93,3 +94,4 @@ def test_usdt_waits_per_tranche_equal_an_independent_counter(
     print(f"pgprobe {dict(got)}\ncounter {dict(truth)}")
     assert sum(truth.values()) >= 300, truth  # a load with LWLock waits to count
     assert got == truth
+    tested_on("lwlocks", "waits per tranche = an independent USDT counter")
