@@ -395,7 +395,8 @@ def read(
                     else raw for pid, raw in after.items()}  # fmt: skip
         maps["lock_ns"] = lockdim.collect(
             obj, lock_read, {pid: _lock_part(raw) for pid, raw in before.items()},
-            {pid: _lock_part(raw) for pid, raw in kept_raw.items()})  # fmt: skip
+            {pid: _lock_part(raw) for pid, raw in kept_raw.items()},
+            {pid: _lock_part(raw) for pid, raw in after.items()})  # fmt: skip
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
     if unmoved is not None:
         unmoved.forget_gone(set(after))

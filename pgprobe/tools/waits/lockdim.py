@@ -79,15 +79,27 @@ class Part:
 
 
 def collect(
-    obj: libbpf.BpfObject, read: Totals, before: dict[int, Part], kept: dict[int, Part]
+    obj: libbpf.BpfObject,
+    read: Totals,
+    before: dict[int, Part],
+    kept: dict[int, Part],
+    after: dict[int, Part],
 ) -> dict[Key, AggValue]:
     """`lock_ns` for the snapshot: the map as read, each live process's wait under way and
     open sleep from the entry the time model kept (kept), and a wait that left an entry
-    read before the map (before) for the map after the map's read."""
+    read before the map (before) for the map after the map's read.
+
+    The time model keeps the entry read before the maps when its own map (@wait_ns) moved
+    after their read; @lock_ns is read a moment later than @wait_ns, and a wait that left
+    that entry in between is in the lock map's read already: then the entry read after
+    (after) is the lock dimension's (a process ending there moves both at once)."""
     out = dict(read)
     for pid in before.keys() | kept.keys():
         old = before.get(pid)
         now = kept.get(pid)
+        fresh = after.get(pid)
+        if now is not None and now == old and fresh and _in_read(obj, pid, now, fresh, read):
+            now = fresh
         if now is not None:
             add(out, live(pid, now))
         if old is not None and old != now:
@@ -128,13 +140,29 @@ def moved(
     map after the map's read (another wait began between the reads): the map has grown
     for its key since."""
     w, w_ns, w_sleeps = before[_W:_W_NS], before[_W_NS], before[_W_NS + 1]
-    if not w_sleeps or after[_W:_W_NS] == w:
+    if not _left(before, after) or not _grown(obj, (pid, w[2], w[0], w[1]), read):
         return {}
-    key = (pid, w[2], w[0], w[1])
+    return {(pid, w[2], w[0], w[1]): (w_ns, w_sleeps, 1, w_ns)}
+
+
+def _left(before: tuple[int, ...], after: tuple[int, ...]) -> bool:
+    """Whether the wait under way in `before` left the entry by `after`: another wait began
+    (its lock, mode or start differ), or it went to the map (its sleeps zeroed: the exit)."""
+    w, sleeps = before[_W:_W_NS], before[_W_NS + 1]
+    return bool(sleeps) and (after[_W:_W_NS] != w or after[_W_NS + 1] < sleeps)
+
+
+def _grown(obj: libbpf.BpfObject, key: tuple[int, int, int, int], read: Totals) -> bool:
+    """Whether the lock map holds more sleeps for key now than at its read."""
     now = obj.lookup("lock_ns", _KEY.pack(*key))
-    if now is None or _VALUE.unpack(now)[1] <= read.get(key, (0, 0, 0, 0))[1]:
-        return {}
-    return {key: (w_ns, w_sleeps, 1, w_ns)}
+    return now is not None and _VALUE.unpack(now)[1] > read.get(key, (0, 0, 0, 0))[1]
+
+
+def _in_read(obj: libbpf.BpfObject, pid: int, old: Part, new: Part, read: Totals) -> bool:
+    """Whether the wait under way in `old` left the entry (by `new`) before the lock map's
+    read, which then holds it."""
+    w = old.fields[_W:_W_NS]
+    return _left(old.fields, new.fields) and not _grown(obj, (pid, w[2], w[0], w[1]), read)
 
 
 def snapshot_map(totals: Totals) -> dict[Key, AggValue]:
