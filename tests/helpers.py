@@ -201,3 +201,15 @@ def start_pgprobe(args: Sequence[str]) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "pgprobe", *args]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=CHECKOUT)  # fmt: skip
+
+
+def start_bpftrace_json(program: str, *args: str) -> subprocess.Popen[str]:
+    """A test's own bpftrace program (-f json) with positional args, once its BEGIN has
+    printed (bpftrace 0.17 runs BEGIN before the other probes attach, but prints its output
+    once they are all in)."""
+    argv = ["bpftrace", "-f", "json", "-e", program, *args]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    live = any(json.loads(line)["type"] == "printf" for line in process.stdout)
+    assert live, process.communicate()
+    return process

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, need, until
+from helpers import CHECKOUT, need, start_bpftrace_json, until
 from test_lwlocks import NO_GUARD
 from test_waits import wait_attached
 
@@ -54,15 +54,9 @@ def test_usdt_waits_per_tranche_equal_an_independent_counter(
     cluster: PgCluster, tracing: None, pg_build: PgBuild, tested_on: Callable[[str, str], None]
 ) -> None:
     need(pg_build.has_usdt, f"{pg_build.id} has no USDT probes: nothing to count")
-    argv = ["bpftrace", "-f", "json", "-e", COUNTER, str(pg_build.postgres),
-            str(cluster.postmaster_pid)]  # fmt: skip
-    counter = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    counter = start_bpftrace_json(COUNTER, str(pg_build.postgres), str(cluster.postmaster_pid))
     probe = None
     try:
-        assert counter.stdout is not None
-        # BEGIN's printf comes once every probe is attached
-        live = any(json.loads(line)["type"] == "printf" for line in counter.stdout)
-        assert live, counter.communicate()
         probe = subprocess.Popen(
             [sys.executable, "-m", "pgprobe", "lwlocks", "--source", "usdt", *NO_GUARD,
              *cluster.conn_args, "-d", "300", "--json"],

@@ -41,6 +41,7 @@ from helpers import (
     bpf_link_fds,
     need,
     run_pgprobe,
+    start_bpftrace_json,
     steal_seconds_since,
     steal_ticks,
     took_lost_path,
@@ -508,18 +509,12 @@ def test_lwlock_seconds_are_the_sleeps_within_usdt_waits_on_the_same_load(
     clocks (tracepoint times, not schedstat counters).
     """
     need(pg_build.has_usdt, f"{pg_build.id} has no USDT probes: the LWLock waits' truth")
-    port = free_port()
-    agent = start_agent(cluster, port, "--window", str(WINDOW_S), "--waits-duty", "1")
-    postmaster = cluster.postmaster_pid
+    port, postmaster = free_port(), cluster.postmaster_pid
     binary = os.readlink(f"/proc/{postmaster}/exe")
-    argv = ["bpftrace", "-f", "json", "-e", LWLOCK_TRUTH, binary, str(postmaster)]
-    truth = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    bench = None
+    truth = start_bpftrace_json(LWLOCK_TRUTH, binary, str(postmaster))
+    bench = agent = None
     try:
-        assert truth.stdout is not None
-        # BEGIN's printf comes once the probes are attached
-        live = any(json.loads(line)["type"] == "printf" for line in truth.stdout)
-        assert live, truth.communicate()
+        agent = start_agent(cluster, port, "--window", str(WINDOW_S), "--waits-duty", "1")
         windows = 'pgprobe_capture_windows_total{source="waits"}'
         wait_for("the time model", lambda: scrape(port).get(windows, 0) >= 1, 60)
         # No client yet: counted from a window begun after this, nothing open in between.
@@ -540,7 +535,8 @@ def test_lwlock_seconds_are_the_sleeps_within_usdt_waits_on_the_same_load(
         if bench is not None and bench.poll() is None:
             bench.kill()
             bench.wait()
-        stop_agent(agent)
+        if agent is not None:
+            stop_agent(agent)
     maps: dict[str, Any] = {}
     for doc in (json.loads(x) for x in text.splitlines() if x.strip()):
         if doc["type"] == "map":
