@@ -81,13 +81,19 @@ class PerfMaps:
             return _PerfMap(parse_perf_map(data.decode("utf-8", errors="replace")))
         return None
 
-    def frame(self, pid: int, addr: int, region_start: int, proc: str = "/proc") -> Frame:
-        """A frame for addr in pid's executable anonymous memory starting at region_start."""
+    def named(self, pid: int, addr: int, proc: str = "/proc") -> Frame | None:
+        """addr's frame from pid's perf map alone (None: no map, or addr in none of its
+        rows): for code in no mapping read, JIT code freed since it was sampled."""
         if pid not in self._maps:
             self._maps[pid] = self._load(pid, proc)
         pm = self._maps[pid]
         hit = pm.lookup(addr) if pm is not None else None
         if hit is None:
-            return Frame(JIT, JIT, False, addr - region_start)
+            return None
         name, offset = hit
         return Frame(name, os.path.basename(f"perf-{pid}.map"), True, offset)
+
+    def frame(self, pid: int, addr: int, region_start: int, proc: str = "/proc") -> Frame:
+        """A frame for addr in pid's executable anonymous memory starting at region_start."""
+        named = self.named(pid, addr, proc)
+        return named if named is not None else Frame(JIT, JIT, False, addr - region_start)

@@ -248,7 +248,9 @@ class Symbolizer:
     def _resolve(self, pm: _ProcMaps, addr: int) -> Frame:
         m = pm.find(addr)
         if m is None:
-            return _UNKNOWN_FRAME
+            # in no mapping read: JIT code unmapped since it ran (PostgreSQL's JIT maps and
+            # frees code per query) is still named by the process's perf map, as perf does
+            return self._perf_maps.named(pm.pid, addr, self._proc) or _UNKNOWN_FRAME
         kind = m.kind
         if kind == "[anon]" and "x" in m.perms:
             # Executable anonymous memory is generated code: named from the
