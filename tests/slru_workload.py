@@ -1,6 +1,6 @@
 """Workloads that make PostgreSQL read SLRU pages from disk, with known counts.
 
-Long (~400 lines) because each workload sits beside the buffer arithmetic it
+Kept in one, long because each workload sits beside the buffer arithmetic it
 depends on; splitting them would separate a count from the reason it is exact.
 
 For the integration tests of `pgprobe clog-reads` (bpf/clog_reads.bt): each
