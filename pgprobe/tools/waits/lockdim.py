@@ -119,7 +119,7 @@ def live(pid: int, part: Part) -> Totals:
     elif open_lock:
         out[(pid, lk[2], lk[0], lk[1])] = (slept, 1, 1, slept)
     if w_sleeps:
-        key = (pid, w[2], w[0], w[1])
+        key = _wait_key(pid, fields)
         out[key] = merge(out.get(key), (w_ns, w_sleeps, 1, w_ns))
     return out
 
@@ -139,10 +139,16 @@ def moved(
     """The wait under way in the entry read before the map, when it left the entry for the
     map after the map's read (another wait began between the reads): the map has grown
     for its key since."""
-    w, w_ns, w_sleeps = before[_W:_W_NS], before[_W_NS], before[_W_NS + 1]
-    if not _left(before, after) or not _grown(obj, (pid, w[2], w[0], w[1]), read):
+    key, w_ns, w_sleeps = _wait_key(pid, before), before[_W_NS], before[_W_NS + 1]
+    if not _left(before, after) or not _grown(obj, key, read):
         return {}
-    return {(pid, w[2], w[0], w[1]): (w_ns, w_sleeps, 1, w_ns)}
+    return {key: (w_ns, w_sleeps, 1, w_ns)}
+
+
+def _wait_key(pid: int, fields: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """The lock map's key of the wait under way in an entry: (tid, mode, tag0, tag1)."""
+    w = fields[_W:_W_NS]
+    return (pid, w[2], w[0], w[1])
 
 
 def _left(before: tuple[int, ...], after: tuple[int, ...]) -> bool:
@@ -161,8 +167,7 @@ def _grown(obj: libbpf.BpfObject, key: tuple[int, int, int, int], read: Totals) 
 def _in_read(obj: libbpf.BpfObject, pid: int, old: Part, new: Part, read: Totals) -> bool:
     """Whether the wait under way in `old` left the entry (by `new`) before the lock map's
     read, which then holds it."""
-    w = old.fields[_W:_W_NS]
-    return _left(old.fields, new.fields) and not _grown(obj, (pid, w[2], w[0], w[1]), read)
+    return _left(old.fields, new.fields) and not _grown(obj, _wait_key(pid, old.fields), read)
 
 
 def snapshot_map(totals: Totals) -> dict[Key, AggValue]:
