@@ -4,6 +4,7 @@ report share one Result and one Switcher; its arithmetic is tested apart (test_b
 
     python -m bench.toggle [--workload select|tpcb|many] [--protocol simple|extended|prepared]
                            [--minutes 10] [--window 1] [--no-floor] [--queries] [--locks]
+                           [--modes]
                            [--cost-rounds 1] [--object OTHER.bpf.o ...] [--json FILE]
 
 Why a method of its own. The main bench (bench/overhead.py) starts `pgprobe waits` for
@@ -73,12 +74,13 @@ from pgprobe import discover
 from pgprobe.engines.libbpf import BpfObject
 from pgprobe.sandbox import PgCluster
 from pgprobe.tools.waits import compiled, lockdim, probe, querydim
-from pgprobe.waitevents import address, lockwait, statement
+from pgprobe.waitevents import address, lockwait, lwmode, statement
 
 HERE = Path(__file__).resolve().parent
 EMPTY = HERE / "build" / "sched_empty.bpf.o"
 NONE, FLOOR, WAITS, QUERIES, LOCKS = "none", "empty", "waits", "waits+queries", "waits+locks"
-VARIANTS = (NONE, FLOOR, WAITS, QUERIES, LOCKS)
+MODES = "waits+modes"  # `pgprobe lwlocks`' time model: each LWLock sleep's mode read
+VARIANTS = (NONE, FLOOR, WAITS, QUERIES, LOCKS, MODES)
 QUERY_ID_SETTINGS = {"shared_preload_libraries": "'pg_stat_statements'", "compute_query_id": "on"}
 BUDGET = 0.98  # issue 14: TPS ratio of `pgprobe waits`
 WARMUP_S = 10
@@ -130,7 +132,7 @@ class Result:
         out["intervals"] = {
             f"{v}/{base}": {"mean": i.mean, "low": i.low, "high": i.high, "n": i.n}
             for v in {v for b in self.blocks for v in b.order} - {NONE}
-            for base in (NONE, FLOOR, WAITS, QUERIES, LOCKS)
+            for base in (NONE, FLOOR, WAITS, QUERIES, LOCKS, MODES)
             if v != base and (i := self.interval(v, base)) is not None
         }
         return out
@@ -144,16 +146,22 @@ def build_floor() -> None:
 
 
 def waits_rodata(
-    cluster: PgCluster, queries: bool = False, locks: bool = False
+    cluster: PgCluster, queries: bool = False, locks: bool = False, modes: bool = False
 ) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[str, str]]]:
     """The time model's globals as `pgprobe waits` sets them for the whole cluster; with
     `queries`, also the query dimension's as `pgprobe queries` sets them on a server with
     query ids (text_hash 0), and its uprobe; with `locks`, the lock dimension's as
-    `pgprobe locks` sets them; else {}."""
+    `pgprobe locks` sets them; with `modes`, the LWLock modes' as `pgprobe lwlocks` does;
+    else {}."""
     options = discover.ConnOptions(host=str(cluster.root), port=cluster.port, user="postgres")
     targets = discover.discover(options, discover.Filters())
     where = address.find(targets.cluster.postmaster_pid, targets.cluster.binary)
     waits = compiled.rodata(probe.script_args(targets, where, None))
+    if modes:
+        found_modes = lwmode.find(where, targets.cluster.major)
+        if found_modes is None:
+            raise SystemExit(f"bench.toggle: no MyProc offsets for {targets.cluster.major}")
+        return waits, found_modes.rodata(), {}
     if locks:
         found_lock = lockwait.find(where, targets.cluster.major)
         if found_lock is None:
@@ -289,6 +297,7 @@ def measure(
     protocol: str = "simple",
     cost_rounds: int = 1,
     locks: bool = False,
+    modes: bool = False,
 ) -> Result:
     """The blocks and the costs; `others`: more builds of the time model (a change to
     bpf/waits.bpf.c, say) as variants of their own, named by their files; without
@@ -316,6 +325,9 @@ def measure(
         if locks:  # as `pgprobe locks`
             lock_rodata = waits_rodata(cluster, locks=True)[1]
             objects[LOCKS] = BpfObject(path, {**rodata, **lock_rodata}, compiled.QUERY_PROGRAMS)
+        if modes:  # as `pgprobe lwlocks`
+            mode_rodata = waits_rodata(cluster, modes=True)[1]
+            objects[MODES] = BpfObject(path, {**rodata, **mode_rodata}, compiled.QUERY_PROGRAMS)
         # with --queries, another build is one of the query dimension's (loaded as such)
         other = {**rodata, **query_rodata} if queries else rodata
         off = frozenset() if queries else compiled.QUERY_PROGRAMS
@@ -351,7 +363,7 @@ def report(result: Result) -> str:
              f"{result.late_windows} windows left out (swapped late)"]  # fmt: skip
     others = sorted({v for b in result.blocks for v in b.order} - set(VARIANTS))
     pairs = [(FLOOR, NONE), (WAITS, NONE), (WAITS, FLOOR), (QUERIES, NONE), (QUERIES, WAITS),
-             (LOCKS, NONE), (LOCKS, WAITS)]  # fmt: skip
+             (LOCKS, NONE), (LOCKS, WAITS), (MODES, NONE), (MODES, WAITS)]  # fmt: skip
     pairs += [p for o in others for p in ((o, NONE), (o, WAITS))]
     for variant, base in pairs:
         i = result.interval(variant, base)
@@ -402,6 +414,8 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="also the time model with its lock dimension (waits+locks)",
     )
+    parser.add_argument("--modes", action="store_true",
+                        help="also the time model reading LWLock modes (waits+modes)")  # fmt: skip
     parser.add_argument("--no-floor", action="store_true",
                         help="no empty program: pairs of nothing and the time model")  # fmt: skip
     ns = parser.parse_args(argv)
@@ -413,7 +427,7 @@ def main(argv: list[str]) -> int:
     seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1 << 31)
     result = measure(ns.workload, ns.minutes, ns.window, ns.scale, seed, ns.object,
                      floor=not ns.no_floor, queries=ns.queries, protocol=ns.protocol,
-                     cost_rounds=ns.cost_rounds, locks=ns.locks)  # fmt: skip
+                     cost_rounds=ns.cost_rounds, locks=ns.locks, modes=ns.modes)  # fmt: skip
     print(report(result))
     if ns.json:
         ns.json.write_text(json.dumps(result.as_json(), indent=1) + "\n")

@@ -140,14 +140,22 @@ const volatile __u64 pg_clock_ns = 0;
  * The lock dimension (pgprobe/tools/waits/lockdim.py): at a switch-out into a sleep of the
  * Lock class, the lock the backend is queued on (MyProc->waitLock's LOCKTAG), the mode it
  * wants and when its wait began (waitLockMode, waitStart); each lock wait's sleeps are
- * charged to @lock_ns[tid, lock, mode]. proc_addr: &MyProc (0: off); wait_lock_off:
- * offsetof(PGPROC, waitLock), where struct proc_wait's fields follow (14-18).
+ * charged to @lock_ns[tid, lock, mode]. proc_addr: &MyProc; wait_lock_off:
+ * offsetof(PGPROC, waitLock), where struct proc_wait's fields follow (14-18); 0: off.
  */
 const volatile __u64 proc_addr = 0;
 const volatile __u64 wait_lock_off = 0;
+/*
+ * The mode of an LWLock wait (pgprobe/waitevents/lwmode.py): at a switch-out into a sleep
+ * of the LWLock class, MyProc->lwWaitMode (proc_addr: &MyProc) + 1 in bits 16-23 of the
+ * sleep's wait event (LWLock events use bits 0-15), 0: not read. lwmode_off: its offset
+ * in PGPROC (0: off).
+ */
+const volatile __u64 lwmode_off = 0;
 
 #define EXIT_ZOMBIE_OR_DEAD 0x30
 #define WAIT_CLASS_LOCK 0x03	/* wait_event_info >> 24 of every Lock:* event */
+#define WAIT_CLASS_LWLOCK 0x01	/* ... of every LWLock:* event */
 #define MAX_TASKS 65536
 #define BEFORE_CAPTURE 2	/* waits.bt's "asleep since before the capture" event */
 #define HIST_SLOTS 48	/* 2^47 ns: 39 hours */
@@ -245,6 +253,11 @@ struct task_state {
 	__u64 lk_ok;
 	struct lock_id w;
 	__u64 w_ns, w_sleeps;
+	/*
+	 * The runqueue time right after the sleeps in `wei` (woken, not yet running: its wait
+	 * event still set, as pg_stat_activity shows it): part of runq3, moved with `wait`
+	 */
+	__u64 wait_rq;
 };
 /* PGPROC from waitLock on (14-18): the lock, the PROCLOCK, the mode wanted, the wait's start */
 struct proc_wait {
@@ -298,7 +311,7 @@ struct {
 
 HASH(cpu_ns, __u32, __u64);
 HASH(runq_ns, struct tid_u32, __u64);	/* (tid, how: 2 preempted, 3 woken) */
-HASH(wait_ns, struct tid_u32, __u64);	/* (tid, wait_event_info) */
+HASH(wait_ns, struct tid_u32, struct pair_ns);	/* (tid, wei) -> asleep, woken after */
 HASH(wait_hist, struct hist_key, __u64);	/* (tid, wei, log2 slot) -> sleeps */
 HASH(born_ns, __u32, __u64);
 HASH(exit_ns, __u32, __u64);
@@ -315,7 +328,7 @@ struct {
 	__type(value, struct pair_ns);
 } query_ns SEC(".maps");
 
-/* (tid, mode, lock) -> its waits' sleeps: the lock dimension (proc_addr set) */
+/* (tid, mode, lock) -> its waits' sleeps: the lock dimension (wait_lock_off set) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -413,6 +426,23 @@ static __always_inline void add2(void *map, __u32 a, __u32 b, __u64 delta)
 	add(map, &k, delta);
 }
 
+/* add a pair of totals, created at (0, 0) when missing */
+static __always_inline void add_pair(void *map, void *key, __u64 a, __u64 b)
+{
+	struct pair_ns *v = bpf_map_lookup_elem(map, key);
+	if (!v) {
+		struct pair_ns zero = { 0, 0 };
+		bpf_map_update_elem(map, key, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(map, key);
+		if (!v) {
+			refused();	/* map full */
+			return;
+		}
+	}
+	__sync_fetch_and_add(&v->a, a);
+	__sync_fetch_and_add(&v->b, b);
+}
+
 static __always_inline void set(void *map, __u32 tid, __u64 value)
 {
 	if (bpf_map_update_elem(map, &tid, &value, BPF_ANY))
@@ -438,9 +468,11 @@ static __always_inline __u32 log2_slot(__u64 v)
 /* The running total of `wei` (time and sleeps) to @wait_ns and @wait_hist: its event changes. */
 static __always_inline void flush(struct task_state *t, __u32 tid)
 {
-	if (t->wait > 0)
-		add2(&wait_ns, tid, (__u32)t->wei, t->wait);
-	t->wait = 0;
+	if (t->wait > 0 || t->wait_rq > 0) {
+		struct tid_u32 k = { tid, (__u32)t->wei };
+		add_pair(&wait_ns, &k, t->wait, t->wait_rq);
+	}
+	t->wait = t->wait_rq = 0;
 	__u64 used = t->hist_used;
 	for (__u32 slot = 0; slot < HIST_SLOTS && used; slot++, used >>= 1) {
 		if (used & 1) {
@@ -526,18 +558,7 @@ static __noinline void evict(struct qslot *q, __u32 tid)
 	if (!q->a && !q->b)
 		return;
 	struct query_key k = { tid, q->pair_state, q->wei, 0, q->id };
-	struct pair_ns *v = bpf_map_lookup_elem(&query_ns, &k);
-	if (!v) {
-		struct pair_ns zero = { 0, 0 };
-		bpf_map_update_elem(&query_ns, &k, &zero, BPF_NOEXIST);
-		v = bpf_map_lookup_elem(&query_ns, &k);
-		if (!v) {
-			refused();	/* map full */
-			return;
-		}
-	}
-	__sync_fetch_and_add(&v->a, q->a);
-	__sync_fetch_and_add(&v->b, q->b);
+	add_pair(&query_ns, &k, q->a, q->b);
 }
 
 /*
@@ -650,16 +671,22 @@ static __always_inline void charge_sleep(struct task_state *t, __u32 tid, __u64 
  * The lock a sleep in a Lock wait event waits for, into lk (false: not readable, or
  * not queued on one): *MyProc (kept once set), then two reads, only at these sleeps.
  */
-static __always_inline bool read_lock(struct task_state *t, struct lock_id *lk)
+static __always_inline __u64 my_proc(struct task_state *t)
 {
 	__u64 p = t->proc_ptr;
+
+	if (!p && !bpf_probe_read_user(&p, sizeof(p), (void *)proc_addr) && p)
+		t->proc_ptr = p;
+	return p;
+}
+
+static __always_inline bool read_lock(struct task_state *t, struct lock_id *lk)
+{
+	__u64 p = my_proc(t);
 	struct proc_wait f;
 
-	if (!p) {
-		if (bpf_probe_read_user(&p, sizeof(p), (void *)proc_addr) || !p)
-			return false;
-		t->proc_ptr = p;
-	}
+	if (!p)
+		return false;
 	if (bpf_probe_read_user(&f, sizeof(f), (void *)(p + wait_lock_off)) || !f.lock)
 		return false;
 	if (bpf_probe_read_user(&lk->tag0, 2 * sizeof(__u64), (void *)f.lock))
@@ -716,6 +743,20 @@ static __always_inline void charge_lock(struct task_state *t, __u32 tid, __u64 w
 		w->start = a->start;
 	t->w_ns += slept;
 	t->w_sleeps += 1;
+}
+
+/* An LWLock sleep's wait event with the mode waited for (lwmode_off), else as it is */
+static __always_inline __u64 with_mode(struct task_state *t, __u64 wei)
+{
+	__u8 mode = 0;
+	__u64 p;
+
+	if (!lwmode_off || (wei >> 24) != WAIT_CLASS_LWLOCK || (wei & 0x00ff0000))
+		return wei;
+	p = my_proc(t);
+	if (!p || bpf_probe_read_user(&mode, sizeof(mode), (void *)(p + lwmode_off)) || mode > 2)
+		return wei;
+	return wei | (__u64)(mode + 1) << 16;
 }
 
 /* *my_wait_event_info into wei (false: not readable) */
@@ -864,13 +905,14 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 	if (t->wei != wei)
 		flush(t, tid);
 	t->wait += slept;
+	t->wait_rq += woken;
 	t->wei = wei;
 	if (query_span)
 		charge_sleep(t, tid, wei, slept, 0);
-	if (proc_addr)
+	if (wait_lock_off)
 		charge_lock(t, tid, wei, slept);
-	if (t->state == ASLEEP) {	/* a whole sleep, seen from its start */
-		__u32 slot = log2_slot(slept);
+	if (t->state == ASLEEP) {	/* a whole sleep, seen from its start: with its woken part */
+		__u32 slot = log2_slot(slept + woken);
 		t->hist[slot]++;
 		t->hist_used |= 1ULL << slot;
 	}
@@ -1043,7 +1085,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		add2(&runq_ns, tid, 2, t->runq2);
 		add2(&runq_ns, tid, 3, t->runq3);
 		flush(t, tid);
-		if (proc_addr)
+		if (wait_lock_off)
 			flush_lock(t, tid);
 		if (query_span) {
 			flush_runs(t, tid);
@@ -1062,8 +1104,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	t->state = ASLEEP;
 	if (!wei_read)
 		wei_ok = raw_wait_event(t, &wei);
-	t->a = read_wait_event(t, &q, wei_ok, wei);
-	t->lk_ok = proc_addr && (t->a >> 24) == WAIT_CLASS_LOCK && read_lock(t, &t->lk);
+	t->a = with_mode(t, read_wait_event(t, &q, wei_ok, wei));
+	t->lk_ok = wait_lock_off && (t->a >> 24) == WAIT_CLASS_LOCK && read_lock(t, &t->lk);
 	t->qa_state = q.state;
 	t->qa_id = q.id;
 	t->cc0 = q.cc;

@@ -29,7 +29,7 @@ _EXAMPLES: dict[str, list[Example]] = {
         ("sudo pgprobe lwlocks -U postgres", "which LWLocks the cluster waits on (10 s)"),
         ("sudo pgprobe lwlocks -U postgres -d 30 --by pid", "... and which backends wait"),
         ("sudo pgprobe lwlocks -U postgres -d 60 --interval 5", "a fresh table every 5 s"),
-        ("sudo pgprobe lwlocks -U postgres --source sched", "LWLock sleeps, on any 14+ build"),
+        ("sudo pgprobe lwlocks -U postgres --source usdt", "each wait timed by the probes"),
         ("sudo pgprobe lwlocks -U postgres --by query", "... and in which statements"),
     ],
     "clog-reads": [

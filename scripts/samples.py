@@ -54,10 +54,11 @@ SAMPLES_TO_RUN = (
            (("waits", "-U", "postgres", "-d", "5"),)),
     Sample("lwlocks", "which LWLocks the backends wait on, how often and how long.",
            "one row per tranche and mode; SHARE is the tranche's part of all LWLock wait time. "
-           "The USDT source times every wait and stops (and says so) above its guard's rate; "
-           "--source sched counts the sleeps from the scheduler at no cost of its own.",
+           "By default each LWLock sleep and the runqueue time after it (RUNQ), from the "
+           "scheduler, at no cost per wait; --source usdt times every wait with PostgreSQL's "
+           "probes and stops (and says so) above its guard's rate.",
            (("lwlocks", "-U", "postgres", "-d", "5"),
-            ("lwlocks", "-U", "postgres", "-d", "5", "--source", "sched"))),
+            ("lwlocks", "-U", "postgres", "-d", "5", "--source", "usdt"))),
     Sample("clog-reads", "which backends read pg_xact (clog) pages from disk, how often.",
            "READS are the physical reads the probe saw, per backend; the totals sit beside "
            "pg_stat_slru over the same window (BLKS_HIT, BLKS_READ): a low HIT % with many "

@@ -141,11 +141,11 @@ def test_identical_maps_are_parsed_once(tmp_path: Path) -> None:
 
 @pytest.mark.once
 def test_answer_bench_times_a_real_run(tracing: None) -> None:
-    results = answer.measure(None, ["lwlocks"], answer.Backends(idle=3), repeat=1)
+    results = answer.measure(None, ["clog-reads"], answer.Backends(idle=3), repeat=1)
     (run,) = results
     assert run["exit"] == 0, run["stderr"]
     names = [p["phase"] for p in run["phases"]]
-    # lwlock_wait.bt answers while attached: bpftrace is killed after its answer, not awaited.
+    # clog_reads.bt answers while attached: bpftrace is killed after its answer, not awaited.
     for phase in ("imports", "discovery", "bpftrace-attached", "bpftrace-answered", "done"):
         assert phase in names
     assert names.index("bpftrace-attached") < names.index("bpftrace-signalled")
@@ -154,7 +154,7 @@ def test_answer_bench_times_a_real_run(tracing: None) -> None:
     assert total == pytest.approx(run["phases"][-1]["at_s"], abs=0.01)
     signalled = run["phases"][names.index("bpftrace-signalled")]["wall_s"]
     assert signalled >= answer.DURATION_S - 0.01  # the -d 1 window itself
-    assert "lwlocks" in answer.summarize(results)
+    assert "clog-reads" in answer.summarize(results)
 
 
 # -- one symbol of .dynsym without pyelftools' Symbol objects --------------------------------

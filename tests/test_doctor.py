@@ -136,7 +136,7 @@ def test_doctor_says_what_runs_on_each_build(
     done = run_pgprobe(["doctor", *build_cluster.conn_args])
     last = done.stdout.strip().splitlines()[-1]
     assert last == (
-        "ready in part: runs here: clog-reads, flame, hot, waits; lwlocks LWLock sleeps from "
-        "the scheduler, not waits; triage without its LWLock table"
+        "ready in part: runs here: clog-reads, flame, hot, waits; lwlocks without --source usdt "
+        "(exact counts per wait); triage without its LWLock table"
     ), last
-    tested_on("doctor", "ready in part (lwlocks: sleeps)")
+    tested_on("doctor", "ready in part (no lwlocks --source usdt)")

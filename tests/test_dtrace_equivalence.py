@@ -156,6 +156,8 @@ def test_lwlocks_json_from_both_engines(
     via_d = run_pgprobe(
         [
             "lwlocks",
+            "--source",
+            "usdt",
             "--max-events-per-sec",
             "0",
             *load.conn_args,
@@ -183,6 +185,8 @@ def test_lwlocks_json_from_both_engines(
     via_bpf = run_pgprobe(
         [
             "lwlocks",
+            "--source",
+            "usdt",
             "--max-events-per-sec",
             "0",
             *load.conn_args,

@@ -173,6 +173,8 @@ def test_lwlocks_agree_with_bpftrace(cluster: PgCluster, dtrace: str, tmp_path: 
         for engine, marker in (("dtrace", "@@attached"), ("bpftrace", "attached_probes")):
             args = [
                 "lwlocks",
+                "--source",
+                "usdt",
                 "--max-events-per-sec",
                 "0",
                 *cluster.conn_args,

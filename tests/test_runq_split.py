@@ -270,3 +270,31 @@ def test_a_sleeper_woken_on_busy_cpus_waits_as_woken(
     """(c) pg_sleep(0.01) 200 times beside the four burners: each wakeup finds both CPUs
     busy and waits for one, and that time is "woken, not yet running"."""
     check_split(capture(split_cluster, engine), "beside", WOKEN, SHARE_BESIDE)
+
+
+@pytest.mark.once
+def test_the_runqueue_after_each_sleep_is_its_wait_events(
+    pg_build: PgBuild, split_cluster: PgCluster
+) -> None:
+    """The compiled form charges the runqueue time right after each wakeup to the wait event
+    of the sleep it ends as well (`woken_after_us`, issue 36: the wait as pg_stat_activity
+    shows it). The sleepers' runqueue time is all after their wakeups from pg_sleep: for the
+    one no burner of ours preempts, schedstat's runqueue delta, to the row's precision; for
+    the one beside the burners, mostly (as its "woken" row)."""
+    got = capture(split_cluster, "compiled")
+    for name, bound in (("alone", 1.0), ("beside", SHARE_BESIDE)):
+        pid, truth = got.pids[name], got.truth_us[name][1]
+        after = {(r["wait_event_type"], r["wait_event"]): r["woken_after_us"]
+                 for r in got.doc["rows"] if r["pid"] == pid and "woken_after_us" in r}  # fmt: skip
+        sleep = after.get(("Timeout", "PgSleep"), 0.0)
+        woken = total_us(got.doc["rows"], pid, "runqueue", "CPU", WOKEN)
+        print(f"{name}: runqueue after its sleeps {after}, woken row {woken:.0f} us, schedstat "
+              f"runqueue {truth:.0f} us, {got.preemptions[name]} preemptions")  # fmt: skip
+        assert after, got.doc["rows"]  # measured (null only in the scripts' forms)
+        assert sum(after.values()) <= woken + 1, (name, after, woken)  # a part of that row
+        if name in got.lost:
+            continue  # recorded in capture(): a lost wakeup moves its runqueue time
+        if bound == 1.0 and got.preemptions[name] == 0:
+            assert near(sum(after.values()), truth, 2.0, PER_RUN_US * got.runs[name]), (
+                name, after, truth)  # fmt: skip
+        assert sleep >= bound * truth - PER_RUN_US, (name, after, truth)

@@ -298,12 +298,16 @@ def test_waits_by_pid_and_its_stacks(scene: Scene, tmp_path: Path) -> None:
 
 
 def test_lwlocks_by_pid(scene: Scene, pg_build: PgBuild) -> None:
-    need(pg_build.has_usdt, f"PostgreSQL {pg_build.id} has no LWLock USDT probes")
-    args = ["lwlocks", *scene.cluster.conn_args, "--by", "pid", "-d", "3",
-            "--max-events-per-sec", "0"]  # fmt: skip
+    """Both sources: the scheduler's (the default) and, where the build has them, the USDT
+    probes' (tranche names from the probe's argument)."""
+    base = ["lwlocks", *scene.cluster.conn_args, "--by", "pid", "-d", "3"]
+    sources = [["--source", "sched"]]
+    if pg_build.has_usdt:
+        sources.append(["--source", "usdt", "--max-events-per-sec", "0"])
     with pgbench_per_app(scene, APPS[:4]):
-        shown_on_terminal(on_terminal(args), *BRACKETS, "[/x]")
-        shown_piped(piped(args), *BRACKETS, "[/x]")
+        for source in sources:
+            shown_on_terminal(on_terminal([*base, *source]), *BRACKETS, "[/x]")
+            shown_piped(piped([*base, *source]), *BRACKETS, "[/x]")
 
 
 def test_clog_reads(scene: Scene) -> None:

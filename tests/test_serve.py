@@ -400,10 +400,11 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
             "CPU sample rate", lambda: positive("sum(rate(pgprobe_cpu_samples_total[8s]))"), 30
         )
         counted = values(prometheus_query(port, "pgprobe_lwlock_waits_total"))
-        # By default the LWLock metrics are the time model's LWLock sleeps (mode unknown):
-        # the same seconds as its LWLock wait events, but for the sleeps open at a window's
-        # end (the time model charges them up to it, the LWLock records when they end).
-        # Consistency only: the truth (USDT waits, the sleeps within them) is
+        # By default the LWLock metrics are the time model's LWLock sleeps (mode unknown),
+        # each with the runqueue time after it: at least the seconds of its LWLock wait
+        # events (sleeps), but for the sleeps open at a window's end (the time model
+        # charges them up to it, the LWLock records when they end). Consistency only: the
+        # truth (USDT waits, the sleeps and runqueue time within them) is
         # test_lwlock_seconds_are_the_sleeps_within_usdt_waits_on_the_same_load.
         lw_s = values(prometheus_query(port, "sum(pgprobe_lwlock_wait_seconds_total)"))
         tm_s = values(prometheus_query(
@@ -412,7 +413,7 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
         print(f"LWLock seconds: lwlock families {lw_s}, time model {tm_s}; modes {modes}")
         assert modes == {"unknown"}, modes
         (lw,), (tm,) = lw_s.values(), tm_s.values()
-        assert abs(lw - tm) <= 0.05 * tm + 0.01, (lw, tm)
+        assert lw >= 0.95 * tm - 0.01, (lw, tm)
         print(f"before the restart: lwlock {before}, pg_xact {slru_before}, "
               f"waits {waits_before}, on CPU {cpu_before}")  # fmt: skip
         # Every query of contrib/'s Grafana dashboard parses, and finds its series.
@@ -461,9 +462,10 @@ def test_prometheus_scrapes_rates_that_survive_a_server_restart(
 
 # The truth for the LWLock metrics, run by the test: PostgreSQL's own LWLock wait probes
 # (USDT) bracket each wait, the scheduler's tracepoints time the sleeps within it (from a
-# switch-out into a sleep, TASK_(UN)INTERRUPTIBLE, to the wakeup: a preemption is none).
-# Per tranche: waits, wait time, sleep time within the waits. $1: the server binary, $2: the
-# postmaster (only its cluster's processes).
+# switch-out into a sleep, TASK_(UN)INTERRUPTIBLE, to the wakeup: a preemption is none) and
+# the runqueue time after each wakeup (to the switch-in). Per tranche: waits, wait time,
+# sleep and runqueue time within the waits. $1: the server binary, $2: the postmaster (only
+# its cluster's processes).
 LWLOCK_TRUTH = """
 BEGIN { printf("live\\n"); }
 usdt:$1:postgresql:lwlock__wait__done /@start[tid]/ {
@@ -479,8 +481,15 @@ tracepoint:sched:sched_switch /@start[args->prev_pid] && (args->prev_state & 3)/
 }
 tracepoint:sched:sched_wakeup /@off[args->pid]/ {
   @sleep_ns[@tranche[args->pid]] = sum(nsecs - @off[args->pid]); delete(@off[args->pid]);
+  @woke[args->pid] = nsecs;
 }
-END { clear(@start); clear(@tranche); clear(@off); }
+tracepoint:sched:sched_switch /@woke[args->next_pid]/ {
+  if (@start[args->next_pid]) {
+    @rq_ns[@tranche[args->next_pid]] = sum(nsecs - @woke[args->next_pid]);
+  }
+  delete(@woke[args->next_pid]);
+}
+END { clear(@start); clear(@tranche); clear(@off); clear(@woke); }
 """
 
 
@@ -498,15 +507,16 @@ def lwlock_seconds(scraped: dict[str, float]) -> defaultdict[str, float]:
 def test_lwlock_seconds_are_the_sleeps_within_usdt_waits_on_the_same_load(
     cluster: PgCluster, tracing: None, pg_build: PgBuild
 ) -> None:
-    """serve's LWLock seconds (the time model's LWLock sleeps, at --waits-duty 1) against the
-    test's own bpftrace on the USDT wait probes and the scheduler, over the same seconds.
+    """serve's LWLock seconds (the time model's LWLock sleeps and the runqueue time after
+    each, at --waits-duty 1) against the test's own bpftrace on the USDT wait probes and the
+    scheduler, over the same seconds.
 
     The same seconds: a pgbench run of a fixed number of transactions, begun and ended while
     no backend waits on an LWLock, the counters read settled on both sides of it. Each
-    tranche's sleeps are within its waits (test_lwlocks: 0.3-1.10 of them on the same load,
-    the rest runqueue after the wakeup); the sleeps within the waits are the same seconds as
-    serve's, measured apart: different markers (USDT, not the wait event in memory) and
-    clocks (tracepoint times, not schedstat counters).
+    tranche's sleeps and the runqueue time after them are within its waits (about 0.9 of
+    them: the rest is queueing before the sleep and the probes' own traps); they are the
+    same seconds as serve's, measured apart: different markers (USDT, not the wait event in
+    memory) and clocks (tracepoint times, not schedstat counters).
     """
     need(pg_build.has_usdt, f"{pg_build.id} has no USDT probes: the LWLock waits' truth")
     port, postmaster = free_port(), cluster.postmaster_pid
@@ -546,6 +556,9 @@ def test_lwlock_seconds_are_the_sleeps_within_usdt_waits_on_the_same_load(
     sleep_s: defaultdict[str, float] = defaultdict(float)
     wait_s.update({t: ns / 1e9 for t, ns in maps.get("@wait_ns", {}).items()})
     sleep_s.update({t: ns / 1e9 for t, ns in maps.get("@sleep_ns", {}).items()})
+    runq_s = {t: ns / 1e9 for t, ns in maps.get("@rq_ns", {}).items()}
+    for t, seconds in runq_s.items():  # the sleeps and the runqueue time after them
+        sleep_s[t] += seconds
     served, before = lwlock_seconds(end), lwlock_seconds(start)
     for tranche in before:
         served[tranche] -= before[tranche]
@@ -553,7 +566,8 @@ def test_lwlock_seconds_are_the_sleeps_within_usdt_waits_on_the_same_load(
     lost = end.get(lost_key, 0.0) - start.get(lost_key, 0.0)
     for tranche in sorted(set(served) | set(wait_s), key=lambda t: -wait_s[t]):
         print(f"{tranche}: {waits[tranche]} waits {wait_s[tranche]:.4f} s, sleeps in them "
-              f"{sleep_s[tranche]:.4f} s; serve {served[tranche]:.4f} s")  # fmt: skip
+              f"and the runqueue after {sleep_s[tranche]:.4f} s (runqueue "
+              f"{runq_s.get(tranche, 0):.4f} s); serve {served[tranche]:.4f} s")  # fmt: skip
     print(f"total: waits {sum(wait_s.values()):.4f} s, sleeps {sum(sleep_s.values()):.4f} s, "
           f"serve {sum(served.values()):.4f} s; unwoken {maps.get('@unwoken', 0)}, "
           f"lost events {lost:.0f}")  # fmt: skip
@@ -565,13 +579,19 @@ def test_lwlock_seconds_are_the_sleeps_within_usdt_waits_on_the_same_load(
     assert {t for t, v in sleep_s.items() if v > 0.001} <= set(served), (served, sleep_s)
     for tranche, seconds in served.items():  # within the waits (two clocks: +1 %)
         assert seconds <= 1.01 * wait_s[tranche] + 1e-4, (tranche, seconds, wait_s)
-    # The same sleeps: apart from lost events (the time model's sleeps it did not see, held
-    # as not accounted), +-2 %; measured within 0.5 % (0.2317 s of 0.2308 s, 0.6288 of 0.6297).
-    pairs = [(served[t], sleep_s[t]) for t in sleep_s] + [(total_served, total_sleep)]
+    # The same time: apart from lost events (the time model's sleeps it did not see, held as
+    # not accounted), +-2 % and 2 us per wait: the kernel stamps a runqueue wait with its
+    # runqueue clock (at the enqueue, at the start of __schedule), the truth with the
+    # tracepoints' (after the enqueue, after picking the task): about 1 us per wakeup apart.
+    # Measured: -1.4 % to -2.6 % (0.3665 s of 0.3717; 0.2660 of 0.2720, 4,995 waits).
+    pairs = [(served[t], sleep_s[t], waits[t]) for t in sleep_s]
+    pairs.append((total_served, total_sleep, sum(waits.values())))
     if not took_lost_path("serve LWLock seconds", lost > 0):
-        assert all(abs(got - want) <= 0.02 * want + 0.001 for got, want in pairs), pairs
+        assert all(abs(got - want) <= 0.02 * want + 2e-6 * n + 0.001 for got, want, n in pairs), (
+            pairs
+        )
     else:
-        assert all(got <= 1.02 * want + 0.001 for got, want in pairs), pairs
+        assert all(got <= 1.02 * want + 2e-6 * n + 0.001 for got, want, n in pairs), pairs
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -841,20 +861,25 @@ def test_time_model_at_a_duty_cycle_counts_what_it_saw(
         links.join()
         assert sleeper.is_alive()  # every window counted lies inside the sleep
         # The parts folded in between the two scrapes: each is folded the moment it is
-        # read, then the next attaches, a second later (a part lasts duty x window).
-        held = [off - on for on, off in links.spans if t0 < (on + off) / 2 < t1]
+        # read, then the next attaches, a second later (a part lasts duty x window). A
+        # scrape shows the agent at the moment it was served, up to a second before its
+        # reply under load (a part that ended before t0 was once folded after the first
+        # scrape): the last `parts` spans ended by the second reply (one more just folded
+        # after it would shift them by one part of the same length).
+        parts = int(end[windows] - start[windows])
+        ended = [(on, off) for on, off in links.spans if off <= t1]
+        assert len(ended) >= parts, (links.spans, t0, t1)
+        held = [off - on for on, off in ended[len(ended) - parts :]]
         seen = end[observed] - start[observed]
         got = end[slept] - start.get(slept, 0.0)
         unknown_rows = {k: v - start.get(k, 0.0) for k, v in end.items()
                         if k.startswith(unknown) and 'state="unknown"' in k
                         and v != start.get(k, 0.0)}  # fmt: skip
         in_unknown = sum(unknown_rows.values())
-        parts = end[windows] - start[windows]
-        print(f"{parts:.0f} parts in {elapsed:.1f} s: observed {seen:.4f} s, PgSleep "
+        print(f"{parts} parts in {elapsed:.1f} s: observed {seen:.4f} s, PgSleep "
               f"{got:.4f} s, state unknown {in_unknown:.4f} s")  # fmt: skip
         # Against the wall clock: how long the probes were attached, seen from /proc.
         print(f"links held {len(held)} times, {sum(held):.4f} s: {[round(h, 3) for h in held]}")
-        assert len(held) == parts, (links.spans, t0, t1)
         assert abs(seen - sum(held)) <= 0.05 * sum(held), (seen, held)
         assert abs(got - seen) <= 0.02 * seen, (got, seen)
         assert abs(seen - parts * duty * window) <= 0.1 * parts * duty * window, (seen, parts)

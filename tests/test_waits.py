@@ -162,12 +162,14 @@ def test_compiled_closes_an_open_interval_on_the_kernels_counters() -> None:
         return compiled._closed((entry, 5_000, SchedCounters(700, 1_000, 3, sleeps)), 6_000)
 
     totals = (210, 1, 302, clientread, 40)
+    # the last two: the runqueue time after the running total's sleeps (none in the entry)
+    # and after the open sleep (its 300 woken, its event's)
     assert closed(compiled.ASLEEP, clientread, 0, 9) == (2_500, records.ASLEEP, clientread, 0,
-                                                         *totals)  # fmt: skip
+                                                         *totals, 0, 300)  # fmt: skip
     # preempted when 100 of the 300 were queued: 100 woken, 200 preempted
-    split = (210, 201, 102, clientread, 40)
+    split = (210, 201, 102, clientread, 40, 0, 100)
     assert closed(compiled.ASLEEP, clientread, 801, 9)[4:] == split
-    assert closed(compiled.ASLEEP, clientread, 0, 10) == (0, 0, 0, 0, *totals)
+    assert closed(compiled.ASLEEP, clientread, 0, 10) == (0, 0, 0, 0, *totals, 0, 0)
     assert closed(compiled.SEEDED_ASLEEP, 0x0500_0001, 0, 9)[1:3] == (records.ASLEEP, 0x0500_0001)
     before = waitevents.BEFORE_CAPTURE
     assert closed(compiled.SEEDED_ASLEEP, 0x0500_0001, 0, 10)[1:3] == (records.ASLEEP, before)

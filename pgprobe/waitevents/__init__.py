@@ -33,6 +33,9 @@ MAJORS = (14, 15, 16, 17, 18)
 # Client:ClientRead, which bpf/waits.bt charges with the backend's state (idle, idle in
 # transaction, ...) in these bits: pgprobe.waitevents.backend_state.
 CLIENT_READ, CLIENT_STATE_BITS = 0x06000000, 0x00FF0000
+# LWLock sleeps of pgprobe lwlocks' capture carry the mode waited for in the same bits
+# (pgprobe.waitevents.lwmode); PG_WAIT_LWLOCK >> 24, the same in 14-18.
+LWLOCK_CLASS, LWLOCK_MODE_BITS = 0x01, 0x00FF0000
 TABLES = Path(__file__).resolve().parent
 
 
@@ -54,6 +57,8 @@ def name(major: int, wait_event_info: int) -> tuple[str, str]:
         return OWN_NAMES[wait_event_info]
     if wait_event_info & ~CLIENT_STATE_BITS == CLIENT_READ:
         wait_event_info = CLIENT_READ  # with the backend's state (backend_state.py)
+    elif wait_event_info >> 24 == LWLOCK_CLASS:
+        wait_event_info &= ~LWLOCK_MODE_BITS  # with the mode waited for (lwmode.py)
     data = table(major)
     known = data["events"].get(str(wait_event_info))
     if known:

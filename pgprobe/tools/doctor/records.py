@@ -27,9 +27,13 @@ NEEDS = {
 }
 # A tool that still runs, with a part left out, when another tool cannot run.
 IN_PART = {
-    "waits compiled": {"waits": "from bpf/waits.bt: about twice the cost per context switch"},
+    "waits compiled": {
+        "waits": "from bpf/waits.bt: about twice the cost per context switch",
+        "lwlocks": "from bpf/waits.bt: LWLock sleeps, without the runqueue time after them "
+        "or their mode",
+    },
     "usdt probes": {
-        "lwlocks": "LWLock sleeps from the scheduler, not waits",
+        "lwlocks": "without --source usdt (exact counts per wait)",
         "triage": "without its LWLock table",
     },
 }

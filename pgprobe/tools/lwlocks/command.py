@@ -24,7 +24,9 @@ from pgprobe.tools.lwlocks.probe import (
 )
 from pgprobe.tools.lwlocks.records import (
     SLEEPS_TITLE,
+    WAITS_TITLE,
     WaitRow,
+    measures_waits,
     records,
     rows,
     sleep_records,
@@ -62,9 +64,11 @@ def add_parser(sub: Any) -> None:
         "--source",
         choices=["auto", "usdt", "sched"],
         default="auto",
-        help="usdt: time each wait with the LWLock probes (a build with --enable-dtrace); "
-        "sched: time each sleep in an LWLock from the scheduler (any 14+ build; sleeps, "
-        "not waits; mode unknown); auto (default): usdt when the server has the probes",
+        help="sched: each LWLock sleep and the runqueue time after it, with its mode, from the "
+        "scheduler (any 14+ build; costs per context switch, not per wait: stays attached on "
+        "a busy server); usdt: time each wait with the LWLock probes (a build with "
+        "--enable-dtrace; exact counts, a uprobe trap per fire, hence its guard); auto "
+        "(default): sched (usdt on 13 and with DTrace)",
     )
     parser.add_argument(
         "--max-events-per-sec",
@@ -88,11 +92,12 @@ def run(ns: argparse.Namespace) -> int:
     sources: list[str] = []
     targets = common.prepare(ns, lambda t: sources.append(pick_source(ns, t)))
     source = sources[0]
+    modes_read = True  # the USDT probes pass the mode
     if source == SCHED:
-        capture = start_sleeps(ns, targets, ns.interval)
+        capture, modes_read = start_sleeps(ns, targets, ns.interval)
     else:
         capture = guard.Guarded(start(ns, targets, by_pid, ns.interval, ns.max_events_per_sec))
-    what = "LWLock sleeps" if source == SCHED else "LWLock waits"
+    what = "LWLock waits"
     previous = None  # waits.bt's maps are running totals: a window is the difference
     for snapshot, info in common.snapshots(capture, ns, what):
         common.refresh_if_needed(targets, by_pid and snapshot.final)
@@ -103,7 +108,8 @@ def run(ns: argparse.Namespace) -> int:
             recs = records(snapshot)
         result = rows(recs, targets, by_pid)
         stop = capture.stop if isinstance(capture, guard.Guarded) else None
-        emit(ns, result, snapshot, info, targets, by_pid, source, stop if snapshot.final else None)
+        emit(ns, result, snapshot, info, targets, by_pid, source,
+             stop if snapshot.final else None, modes_read)  # fmt: skip
     return 0
 
 
@@ -116,12 +122,16 @@ def emit(
     by_pid: bool,
     source: str = USDT,
     stop: guard.GuardStop | None = None,
+    modes_read: bool = True,
 ) -> None:
     warning = unmatched_warning(snapshot) if source == USDT else sleeps_warning(snapshot)
     if warning and warning not in info.warnings:
         info.warnings.append(warning)
     extra: dict[str, Any] = {"source": source}
-    if source == SCHED:
+    if source == SCHED and measures_waits(snapshot):
+        mode = "read" if modes_read else "unknown"
+        extra.update(measures="sleep and runqueue after", mode=mode, title=WAITS_TITLE)
+    elif source == SCHED:
         extra.update(measures="sleeps", mode="unknown", title=SLEEPS_TITLE)
     else:
         limit = getattr(ns, "max_events_per_sec", 0)
@@ -134,7 +144,7 @@ def emit(
         if info.ended_early and snapshot.final:  # meta says it too; a script's log should
             common.print_losses(RunInfo(ended_early=info.ended_early))
         return
-    view.show(result, by_pid, meta, sleeps=source == SCHED, interval=ns.interval)
+    view.show(result, by_pid, meta, interval=ns.interval)
     common.print_losses(info)
 
 

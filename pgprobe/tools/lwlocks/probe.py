@@ -1,10 +1,13 @@
 """What `pgprobe lwlocks` asks the probe: bpf/lwlock_wait.bt (d/lwlock_wait.d), or waits.bt.
 
-Two sources give the same rows. USDT: the LWLock wait probes time every wait, keyed
-by (pid, tranche, mode). SCHED, on a build without the probes (or --source sched):
-`pgprobe waits`' capture (bpf/waits.bt, PostgreSQL 14+), whose LWLock-class sleeps
-are taken as the waits (records.sleep_records). `start` and `check_server` are what
-triage and serve call too.
+Two sources give the same rows. SCHED, the default (PostgreSQL 14+): `pgprobe waits`'
+capture (the compiled bpf/waits.bpf.c, else bpf/waits.bt), whose LWLock-class sleeps,
+with the runqueue time after each and the mode read at the switch-out, are taken as the
+waits (records.sleep_records): it costs per context switch, not per wait, and stays
+attached however contended the server. USDT (--source usdt; the default on 13, where
+the time model cannot run): the LWLock wait probes time every wait, keyed by (pid,
+tranche, mode), exact counts at a uprobe trap per fire, hence its guard. `start` and
+`check_server` are what triage and serve call too.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pgprobe import usdt, waitevents
+from pgprobe import engines, usdt, waitevents
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture, KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, EXIT_USAGE, PgprobeError
 from pgprobe.tools import common
 from pgprobe.tools.waits import probe as waits_probe
-from pgprobe.waitevents import address
+from pgprobe.waitevents import address, lwmode
 
 SCRIPT = "lwlock_wait"  # bpf/lwlock_wait.bt, d/lwlock_wait.d
 PROBES = ("lwlock__wait__start", "lwlock__wait__done")
@@ -46,24 +49,19 @@ MAX_FIRES_LIMIT = 2**31 - 1
 
 
 def pick_source(ns: argparse.Namespace, targets: Targets) -> str:
-    """USDT or SCHED for this server, as asked (--source) or as available (auto)."""
+    """USDT or SCHED for this server, as asked (--source) or by cost (auto: the scheduler,
+    which stays attached on a busy server at no cost per wait; USDT on 13, which has no
+    time model)."""
     cluster = targets.cluster
     wanted = getattr(ns, "source", "auto")
+    dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
     if wanted == "auto":
-        present = usdt.probe_names(cluster.binary)
-        with_probes = all((usdt.PROVIDER, name) in present for name in PROBES)
         old = bool(cluster.version_num) and cluster.major < min(waitevents.MAJORS)
-        wanted = "usdt" if with_probes or old else "sched"
-        if wanted == "sched":
-            common.warn(
-                f"{cluster.binary} has no LWLock USDT probes: showing LWLock sleeps from the "
-                "scheduler instead (sleeps, not waits; mode unknown)",
-                "note",
-            )
+        wanted = "usdt" if old or dtrace else "sched"
     if wanted == "usdt":
         check_server(targets)
         return USDT
-    if getattr(ns, "engine", "auto") == "dtrace":
+    if dtrace:
         raise PgprobeError(
             "lwlocks --source sched needs bpftrace (no DTrace twin of bpf/waits.bt yet)",
             EXIT_USAGE,
@@ -105,12 +103,19 @@ def script_args(
     ]
 
 
-def start_sleeps(ns: argparse.Namespace, targets: Targets, interval: int | None) -> Capture:
-    """bpf/waits.bt for the targets (the SCHED source), ready to run."""
+def start_sleeps(
+    ns: argparse.Namespace, targets: Targets, interval: int | None
+) -> tuple[Capture, bool]:
+    """The time model for the targets (the SCHED source), reading each LWLock sleep's
+    mode, ready to run; and whether the modes are read (else said in one line)."""
     cluster = targets.cluster
     where = address.find(cluster.postmaster_pid, cluster.binary)
     args = waits_probe.script_args(targets, where, interval)
-    return waits_probe.capture(ns, args)
+    modes = lwmode.find(where, cluster.major)
+    if modes is None:
+        common.warn(f"{cluster.binary} exports no MyProc (or PostgreSQL {cluster.major}'s "
+                    "PGPROC is not known): each wait's MODE is unknown")  # fmt: skip
+    return waits_probe.capture(ns, args, modes=modes), modes is not None
 
 
 def start(

@@ -3,10 +3,12 @@
 The kernel times every wait and keeps, per (pid, tranche, mode), the count, the
 total, the max and a log2 histogram; rows are those grouped per (tranche, mode) or
 per (pid, tranche, mode), sorted by total wait time, with percentiles estimated from
-the histogram. From the SCHED source the records are the LWLock-class sleeps of
-bpf/waits.bt: sleeps (switch-out to wakeup), not waits (a wait also spins and queues
-before it sleeps and runs again after its wakeup, so the sleep time is a bit lower),
-and the mode is unknown. Pure functions, no I/O.
+the histogram. From the SCHED source the records are the LWLock-class sleeps of the
+time model: with the compiled object (bpf/waits.bpf.c) each sleep with the runqueue time
+right after its wakeup (woken, not yet running: the wait event still set, as
+pg_stat_activity shows it), and the mode waited for (MyProc->lwWaitMode): whole waits
+but for the queueing and spinning before the sleep; with bpf/waits.bt the sleeps alone
+(switch-out to wakeup), mode unknown. Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from pgprobe.discover import Targets
 from pgprobe.engines.base import Log2Hist, Snapshot, Stats
 from pgprobe.tools.lwlocks.probe import MAPS
 from pgprobe.tools.waits import records as waits_records
+from pgprobe.waitevents import lwmode
 
 # Unfinished waits beyond this and beyond 5 % of the waits: the done probe missed some.
 UNFINISHED_MIN = 10
 UNFINISHED_SHARE = 0.05
-# What the SCHED source measures, as the title and meta.title say it.
+# What the SCHED source measures, as the title and meta.title say it: whole waits from
+# the compiled object, sleeps from the script.
+WAITS_TITLE = "LWLock waits from the scheduler (each sleep and the runqueue time after it)"
 SLEEPS_TITLE = "LWLock sleeps (from the scheduler: sleeps, not waits; mode unknown)"
 
 
@@ -40,6 +45,7 @@ class WaitRecord:
     total_ns: int
     max_ns: int
     hist: Log2Hist
+    runq_ns: int | None = None  # of total_ns: runqueue after wakeups (None: not measured)
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class WaitRow:
     pid: int | None = None
     backend_type: str = ""
     application_name: str = ""
+    runq_ns: int | None = None  # of total_ns: runqueue after wakeups (None: not measured)
 
     def percentile_us(self, fraction: float) -> float:
         return histogram.percentile(self.hist, fraction, self.max_ns) / 1000
@@ -80,6 +87,8 @@ class WaitRow:
             max_us=round(self.max_ns / 1000, 3),
             share_pct=round(100 * self.share, 2),
         )
+        if self.runq_ns is not None:
+            row["runq_us"] = round(self.runq_ns / 1000, 3)
         return row
 
 
@@ -127,10 +136,18 @@ def records(snapshot: Snapshot) -> list[WaitRecord]:
     return out
 
 
-def _sleep_ns(snapshot: Snapshot | None) -> dict[tuple[int, int], int]:
-    """(tid, wait_event_info) -> ns asleep: @wait_ns plus the running totals in @task."""
-    out = waits_records.pending_waits(snapshot)
-    for key, ns in (snapshot.get("wait_ns") if snapshot is not None else {}).items():
+def measures_waits(snapshot: Snapshot) -> bool:
+    """Whether a time-model snapshot has the runqueue time after each sleep (whole waits:
+    the compiled object's), or the sleeps alone (the script's)."""
+    return "wait_rq_ns" in snapshot.maps
+
+
+def _sleep_ns(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int, int], int]:
+    """(tid, wait_event_info) -> ns asleep: @wait_ns plus the running totals in @task
+    (woken: the runqueue time after those sleeps instead)."""
+    out = waits_records.pending_waits(snapshot, woken)
+    name = "wait_rq_ns" if woken else "wait_ns"
+    for key, ns in (snapshot.get(name) if snapshot is not None else {}).items():
         tid, wei = key
         assert isinstance(tid, int) and isinstance(wei, int) and isinstance(ns, int)
         out[(tid, wei)] = out.get((tid, wei), 0) + ns
@@ -140,10 +157,12 @@ def _sleep_ns(snapshot: Snapshot | None) -> dict[tuple[int, int], int]:
 def sleep_records(
     snapshot: Snapshot, major: int, clipped: bool, previous: Snapshot | None = None
 ) -> list[WaitRecord]:
-    """The LWLock-class sleeps of a bpf/waits.bt snapshot, as WaitRecords (mode unknown).
+    """The LWLock-class sleeps of a time-model snapshot, as WaitRecords.
 
-    waits = complete sleeps (the histogram's count); total = the sleep time
-    charged in the window; max = the top bound of the highest histogram
+    waits = complete sleeps (the histogram's count); total = the sleep time charged in
+    the window, with the runqueue time after each (runq_ns) when measured (the compiled
+    object: its histogram is of the two together too, and its mode is read); max = the top
+    bound of the highest histogram
     bucket (waits.bt keeps no exact max): an upper bound within 2x, and at
     most the total unless `clipped` (with --interval a sleep that began in an
     earlier window is longer than the time charged to this one). With --interval
@@ -155,12 +174,15 @@ def sleep_records(
     before_hists = previous.get("wait_hist") if previous is not None else {}
     # waits.bt keeps a live task's time in its last wait event in @task, not @wait_ns
     charged, before = _sleep_ns(snapshot), _sleep_ns(previous)
+    whole = measures_waits(snapshot)
+    woken, woken_before = _sleep_ns(snapshot, True), _sleep_ns(previous, True)
     out = []
-    for key, total in charged.items():
+    for key in charged.keys() | woken.keys():
         tid, wei = key
         if wei >> 24 != lwlock_class:
             continue
-        total -= before.get(key, 0)
+        runq = woken.get(key, 0) - woken_before.get(key, 0)
+        total = charged.get(key, 0) - before.get(key, 0) + runq
         hist = hists.get(key, Log2Hist(()))
         old = before_hists.get(key, Log2Hist(()))
         assert isinstance(hist, Log2Hist) and isinstance(old, Log2Hist)
@@ -170,7 +192,8 @@ def sleep_records(
         top = max((high for _, high, count in hist.buckets if count), default=0)
         top = top if clipped else min(top, total)
         tranche = waitevents.name(major, wei)[1]
-        out.append(WaitRecord(tid, tranche, "unknown", hist.count, total, top, hist))
+        out.append(WaitRecord(tid, tranche, lwmode.mode(wei), hist.count, total, top, hist,
+                              runq if whole else None))  # fmt: skip
     return out
 
 
@@ -186,6 +209,7 @@ def rows(recs: Iterable[WaitRecord], targets: Targets, by_pid: bool) -> list[Wai
     out = []
     for (pid, tranche, mode), group in groups.items():
         total = sum(r.total_ns for r in group)
+        runq = [r.runq_ns for r in group]
         backend = targets.describe(pid) if pid is not None else None
         out.append(
             WaitRow(
@@ -199,6 +223,7 @@ def rows(recs: Iterable[WaitRecord], targets: Targets, by_pid: bool) -> list[Wai
                 pid=pid,
                 backend_type=backend.backend_type if backend else "",
                 application_name=backend.application_name if backend else "",
+                runq_ns=None if None in runq else sum(n or 0 for n in runq),
             )
         )
     out.sort(key=lambda r: (-r.total_ns, r.tranche, r.mode, r.pid or 0))

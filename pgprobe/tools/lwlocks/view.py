@@ -8,13 +8,14 @@ from pgprobe.literal import one_line
 from pgprobe.render import table
 from pgprobe.tools import common
 from pgprobe.tools.lwlocks.bystatement import StatementSleep
-from pgprobe.tools.lwlocks.records import SLEEPS_TITLE, WaitRow
+from pgprobe.tools.lwlocks.records import WAITS_TITLE, WaitRow
 
 COLUMNS = [
     table.Column("tranche", "TRANCHE"),
     table.Column("mode", "MODE"),
     table.Column("waits", "WAITS", numeric=True),
     table.Column("total_ms", "TOTAL ms", numeric=True),
+    table.Column("runq_ms", "RUNQ ms", numeric=True),  # of TOTAL (the scheduler source)
     table.Column("avg_us", "AVG us", numeric=True),
     table.Column("p50_us", "P50 us", numeric=True),
     table.Column("p95_us", "P95 us", numeric=True),
@@ -36,6 +37,7 @@ def cells(row: WaitRow) -> dict[str, str]:
         "mode": row.mode,
         "waits": f"{row.waits:,}",
         "total_ms": f"{row.total_ns / 1e6:,.3f}",
+        "runq_ms": "" if row.runq_ns is None else f"{row.runq_ns / 1e6:,.3f}",
         "avg_us": "-" if data["avg_us"] is None else f"{data['avg_us']:,.1f}",
         "p50_us": f"{data['p50_us']:,.1f}",
         "p95_us": f"{data['p95_us']:,.1f}",
@@ -52,12 +54,14 @@ def cells(row: WaitRow) -> dict[str, str]:
     return cells
 
 
-def show(
-    result: list[WaitRow], by_pid: bool, meta: dict[str, Any], sleeps: bool, interval: int | None
-) -> None:
-    """The table; an empty capture says so (and why it may be, for a single window)."""
-    columns = (PID_COLUMNS if by_pid else []) + COLUMNS
-    what = SLEEPS_TITLE if sleeps else "LWLock waits"
+def show(result: list[WaitRow], by_pid: bool, meta: dict[str, Any], interval: int | None) -> None:
+    """The table (RUNQ ms where measured: the scheduler source's); an empty capture says so
+    (and why it may be, for a single window)."""
+    runq = meta.get("title") == WAITS_TITLE
+    columns = (PID_COLUMNS if by_pid else []) + [
+        c for c in COLUMNS if runq or c.key != "runq_ms"]  # fmt: skip
+    what = str(meta.get("title", "LWLock waits"))
+    sleeps = meta.get("measures") == "sleeps"
     if meta.get("stopped_by_guard"):
         what += " (stopped early by --max-events-per-sec: see the line on stderr)"
     title = common.title(what, meta)

@@ -131,7 +131,8 @@ def add_parser(sub: Any) -> None:
         choices=["sched", "usdt"],
         default="sched",
         help="where the LWLock metrics come from: sched (default) the time model's LWLock "
-        "sleeps, at no cost of their own (sleeps, not waits; mode unknown); usdt the server's "
+        "sleeps and the runqueue time after each, at no cost of their own (mode unknown); "
+        "usdt the server's "
         "USDT probes, exact waits with their mode, at a cost per wait (--enable-dtrace "
         "builds; see docs/serve.md)",
     )

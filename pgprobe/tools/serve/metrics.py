@@ -20,10 +20,11 @@ Names and labels (stable; the README's Fleet section and contrib/'s dashboard us
                                                        + runqueue + waits + a rest near 0)
   pgprobe_lwlock_wait_seconds_total{tranche,mode}      time spent waiting for LWLocks; mode
                                                        "unknown": from the time model (the
-                                                       default, --lwlock-source sched): sleeps,
-                                                       not waits; Exclusive, Shared, ...: from
-                                                       the USDT probes (--lwlock-source usdt)
-  pgprobe_lwlock_waits_total{tranche,mode}             LWLock waits (sleeps)
+                                                       default, --lwlock-source sched): each
+                                                       sleep and the runqueue time after it;
+                                                       Exclusive, Shared: from the USDT probes
+                                                       (--lwlock-source usdt)
+  pgprobe_lwlock_waits_total{tranche,mode}             LWLock waits (sched: sleeps)
   pgprobe_lwlock_wait_duration_seconds{tranche}        histogram of single waits (log2 buckets)
   pgprobe_slru_reads_total{slru}                       SLRU pages read from the files
   pgprobe_slru_read_seconds_total{slru}                time in those reads

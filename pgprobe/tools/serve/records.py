@@ -100,7 +100,8 @@ def add_lwlock(totals: Totals, snapshot: Snapshot) -> int:
 
 def add_lwlock_records(totals: Totals, recs: Iterable[lwlocks.WaitRecord]) -> int:
     """One window's LWLock records: lwlock_wait.bt's waits, or the time model's LWLock
-    sleeps (lwlocks.sleep_records, mode "unknown"); returns the waits in it."""
+    sleeps with the runqueue time after each (lwlocks.sleep_records, mode "unknown"); returns
+    the waits in it."""
     waits = 0
     for rec in recs:
         tranche = totals.names.tranche(rec.tranche)

@@ -36,7 +36,7 @@ from pgprobe.scripts import script_path
 from pgprobe.tools.waits import lockdim, querydim, records
 from pgprobe.tools.waits.unmoved import Unmoved
 from pgprobe.waitevents import address as waitevents_address
-from pgprobe.waitevents import backend_state, statement
+from pgprobe.waitevents import backend_state, lwmode, statement
 
 OBJECT = "build/waits.bpf.o"  # under bpf/: scripts/build-bpf, or the wheel's (pgprobe/bpf/)
 WINDOW, REFUSED = 0, 1  # the object's `scalars` slots
@@ -48,6 +48,7 @@ _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
 _PAIR = struct.Struct("<II")
+_PAIR_NS = struct.Struct("<QQ")  # @wait_ns: asleep, woken after (not yet running)
 _START = struct.Struct("<4Q")  # @start: cpu0, rd0, nv0, state
 _HIST_KEY = struct.Struct("<IIII")  # tid, wait_event_info, log2 slot, padding
 # since, state, a, rd_p, then waits.bt's running totals (cpu, runq2, runq3, wei, wait), the
@@ -58,17 +59,18 @@ _HIST_AT = 15
 _QUERY_AT = _HIST_AT + HIST_SLOTS  # the query dimension's fields (querydim.FIELDS)
 # after the histogram: the query dimension's fields, then slept_p (the sleep begun at
 # `since` as measured at its first preemption since, +1; 0: none), the marks, the lock
-# dimension's fields
-TAIL_FIELDS = querydim.FIELDS + 1 + querydim.MARK_FIELDS + lockdim.FIELDS
+# dimension's fields, wait_rq (the runqueue time after the sleeps in `wei`)
+TAIL_FIELDS = querydim.FIELDS + 1 + querydim.MARK_FIELDS + lockdim.FIELDS + 1
 _SLEPT_P = _QUERY_AT + querydim.FIELDS
 _MARKS_AT = _SLEPT_P + 1
 _LOCK_AT = _MARKS_AT + querydim.MARK_FIELDS
+_WAIT_RQ = _LOCK_AT + lockdim.FIELDS
 _TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
 # The query dimension's own program, a uprobe on the server's proc_exit() (querydim.
 # Dimension.uprobes): loaded only when asked for.
 QUERY_PROGRAMS = frozenset({"on_proc_exit"})
-_BY_PAIR = ("runq_ns", "unseen", "wait_ns")  # wait_ns last: see read()
+_BY_PAIR = ("runq_ns", "unseen")  # then wait_ns: see read()
 
 
 def object_path() -> Path | None:
@@ -114,12 +116,14 @@ def capture(
     duty: float = 1.0,
     query: querydim.Dimension | None = None,
     locks: lockdim.Dimension | None = None,
+    modes: lwmode.ModeAddress | None = None,
 ) -> CompiledCapture:
     """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals; with a duty
     below 1 (and an interval), each interval's snapshot is a capture of its own (engines.
     compiled): the maps are emptied and the processes seeded again at each attach. query:
     the time model keyed by statement too (querydim), in the snapshot's `query_ns`; locks:
-    each Lock sleep keyed by its lock too (lockdim), in `lock_ns`."""
+    each Lock sleep keyed by its lock too (lockdim), in `lock_ns`; modes: each LWLock sleep
+    keyed by the mode waited for too (lwmode: `wait_ns` keys carry it)."""
     postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
     path = object_path()
     assert path is not None
@@ -143,11 +147,12 @@ def capture(
             obj.update("start", _U32.pack(pid), _START.pack(c.cpu_ns, c.runq_ns, c.sleeps, state))
 
     globals_ = {**rodata(args), **(query.rodata() if query else {}),
-                **(locks.rodata() if locks else {})}  # fmt: skip
+                **(locks.rodata() if locks else {}),
+                **(modes.rodata() if modes else {})}  # fmt: skip
     return CompiledCapture(path, globals_,
                            lambda obj, info: read(obj, info, pids(), query, locks, unmoved),
                            duration, interval or None, start_window, duty,
-                           lambda obj: _seed(obj, start, address, entry, query, locks),
+                           lambda obj: _seed(obj, start, address, entry, query, locks, modes),
                            frozenset() if query else QUERY_PROGRAMS,
                            query.uprobes() if query else {})  # fmt: skip
 
@@ -163,7 +168,8 @@ def rodata(args: list[int | Path]) -> dict[str, int]:
 def _empty(obj: libbpf.BpfObject, pids: list[int]) -> None:
     """A fresh capture's maps in an object that ran before (detached): no totals, and no
     @task entry left to these processes (a task storage map cannot be walked: by pidfd)."""
-    for name in (*_BY_TID, *_BY_PAIR, "wait_hist", "start", "query_ns", "exit_query", "lock_ns"):
+    maps = ("wait_ns", "wait_hist", "start", "query_ns", "exit_query", "lock_ns")
+    for name in (*_BY_TID, *_BY_PAIR, *maps):
         obj.clear(name)
     for pid in pids:
         with contextlib.suppress(OSError), _pidfd(pid) as pidfd:
@@ -205,6 +211,7 @@ def _seed(
     entry: backend_state.StateAddress | None,
     query: querydim.Dimension | None = None,
     locks: lockdim.Dimension | None = None,
+    modes: lwmode.ModeAddress | None = None,
 ) -> None:
     """Each process's @task entry as of the window's start, made right after the attach:
     the object splits the time from there to its first sleep seen (waits.bpf.c). Made
@@ -224,6 +231,8 @@ def _seed(
             wei = backend_state.read_as_probe(pid, wei_address, entry)
         except OSError:
             wei = waitevents.BEFORE_CAPTURE
+        if modes is not None:
+            wei = lwmode.with_mode(pid, wei, modes)
         last = proc.sched_counters(pid)
         if counters is None or last is None:
             continue  # gone: nothing to seed
@@ -237,7 +246,7 @@ def _seed(
         lock = locks.seed(pid, wei) if locks else (0,) * lockdim.FIELDS
         value = _TASK.pack(since, state, wei, 0, *totals, base.cpu_ns, base.runq_ns,
                            base.sleeps, *[0] * (3 + HIST_SLOTS), *fields, 0,
-                           *[0] * querydim.MARK_FIELDS, *lock)  # fmt: skip
+                           *[0] * querydim.MARK_FIELDS, *lock, 0)  # fmt: skip
         with contextlib.suppress(OSError, libbpf.LibbpfError), _pidfd(pid) as pidfd:
             obj.update("task", _I32.pack(pidfd), value, only_new=True)  # refused: exited
 
@@ -304,13 +313,16 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     """waits.bt's @task tuple for a raw entry: the interval still open at the read (since
     the entry's `since`) closed on the kernel's counters, as bpf/waits.bpf.c closes one at a
     switch-out (close_interval; keep the two alike): its on-CPU and runqueue parts added to
-    the running totals, the rest asleep, an open sleep (state ASLEEP) ending at `now`."""
-    cpu, runq2, runq3, wei, wait = _TASK.unpack(raw[0])[4:9]
+    the running totals, the rest asleep, an open sleep (state ASLEEP) ending at `now`. Two
+    fields more than waits.bt's (records.WOKEN_AFTER): the runqueue time after the sleeps
+    in the running total's event, and after the open sleep (woken since, in its event)."""
+    fields = _TASK.unpack(raw[0])
+    cpu, runq2, runq3, wei, wait = fields[4:9]
     part = _open(raw)
     totals = (part.on_cpu + cpu, runq2 + part.preempted, runq3 + part.woken, wei, wait)
     if part.asleep_in is None or not part.slept:
-        return (0, 0, 0, 0, *totals)
-    return (now - part.slept, ASLEEP, part.asleep_in, 0, *totals)
+        return (0, 0, 0, 0, *totals, fields[_WAIT_RQ], 0)
+    return (now - part.slept, ASLEEP, part.asleep_in, 0, *totals, fields[_WAIT_RQ], part.woken)
 
 
 @functools.lru_cache(maxsize=4096)  # a read of 1,000 processes asks ~3,000
@@ -362,6 +374,9 @@ def read(
         maps[name] = {(_U32.unpack(k)[0],): _U64.unpack(v)[0] for k, v in obj.items(name)}
     for name in _BY_PAIR:
         maps[name] = {_PAIR.unpack(k): _U64.unpack(v)[0] for k, v in obj.items(name)}
+    pairs = {_PAIR.unpack(k): _PAIR_NS.unpack(v) for k, v in obj.items("wait_ns")}
+    maps["wait_ns"] = {k: v[0] for k, v in pairs.items()}
+    maps["wait_rq_ns"] = {k: v[1] for k, v in pairs.items() if v[1]}
     query_read = querydim.read_map(obj) if query else {}
     lock_read = lockdim.read_map(obj) if locks else {}
     hist_items = obj.items("wait_hist")
@@ -432,7 +447,7 @@ def _consistent(
         moved = (int(str(key[0])), old[7])
         now = obj.lookup("wait_ns", _PAIR.pack(*moved))
         read = wait_ns.get(moved, 0)
-        if now is not None and isinstance(read, int) and _U64.unpack(now)[0] > read:
+        if now is not None and isinstance(read, int) and _PAIR_NS.unpack(now)[0] > read:
             out[key] = old
     return out
 
@@ -510,4 +525,4 @@ def _query_ns(
 def _lock_part(raw: RawTask) -> lockdim.Part:
     """A raw entry's lock fields, with its open sleep as the time model charges it."""
     fields, part = _TASK.unpack(raw[0]), _open(raw)
-    return lockdim.Part(fields[_LOCK_AT:], part.asleep_in, fields[2], part.slept)
+    return lockdim.Part(fields[_LOCK_AT:_WAIT_RQ], part.asleep_in, fields[2], part.slept)

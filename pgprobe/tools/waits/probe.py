@@ -12,7 +12,7 @@ from pgprobe.engines.base import Capture, KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, PgprobeError
 from pgprobe.tools import common
 from pgprobe.tools.waits import compiled, lockdim, querydim
-from pgprobe.waitevents import MAJORS, address, backend_state
+from pgprobe.waitevents import MAJORS, address, backend_state, lwmode
 
 SCRIPT = "waits"  # bpf/waits.bt
 INT: tuple[KeyKind, ...] = ("int",)
@@ -83,17 +83,19 @@ def capture(
     duty: float = 1.0,
     query: querydim.Dimension | None = None,
     locks: lockdim.Dimension | None = None,
+    modes: lwmode.ModeAddress | None = None,
 ) -> Capture:
     """The time-model capture: bpf/waits.bpf.c compiled when it is built and loads here
     (a fraction of the script's cost per switch), else bpf/waits.bt, or d/waits.d.
     duty < 1 (with an interval): the compiled form runs that share of each interval; a
     script runs all the time, and says so. query: the time model keyed by statement too,
     locks: each Lock sleep by its lock (the compiled object only: a script's snapshot has
-    no `query_ns`, no `lock_ns`)."""
+    no `query_ns`, no `lock_ns`); modes: each LWLock sleep's mode (lwmode; the compiled
+    object only)."""
     why = compiled.why_not(ns)
     if why is None:
         try:
-            return compiled.capture(args, ns.duration, duty, query, locks)
+            return compiled.capture(args, ns.duration, duty, query, locks, modes)
         except libbpf.LibbpfError as e:
             why = f"this kernel refused bpf/build/waits.bpf.o ({e})"
     dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"

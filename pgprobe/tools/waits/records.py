@@ -28,6 +28,10 @@ from pgprobe.waitevents import backend_state
 # @task states (bpf/waits.bt)
 ON_CPU, PREEMPTED, WOKEN, ASLEEP, PENDING_WOKEN, PENDING_ON_CPU, NOT_OURS = 1, 2, 3, 4, 5, 6, 9
 LOST_TRACK, PENDING_LOST_TRACK = 7, 8  # its CPU's events stopped being seen: not charged
+# @task's fields past waits.bt's, from the compiled object (compiled._closed): the runqueue
+# time after the sleeps of its running total (field 7's event), then after its open sleep
+# (field 2's), both already in field 6 (woken)
+WOKEN_AFTER = 9
 # @runq_ns's third kind: runnable since before the capture as far as the script saw (its
 # first event a switch-in). Runqueue time (WOKEN), unless pgprobe read the process asleep
 # before the capture and it has not run since: then its wakeup was lost and it is that sleep.
@@ -46,6 +50,10 @@ class ProcessTime:
     runq_ns: dict[int, int] = field(default_factory=dict)  # how (2 preempted, 3 woken) -> ns
     wait_ns: dict[int, int] = field(default_factory=dict)  # wait_event_info -> ns
     wait_hist: dict[int, Log2Hist] = field(default_factory=dict)  # complete sleeps
+    # wait_event_info -> the runqueue time right after its sleeps (woken, not yet running,
+    # the event still set): a part of runq_ns[WOKEN], known from the compiled object only
+    woken_after_ns: dict[int, int] = field(default_factory=dict)
+    woken_after_known: bool = False  # measured (the compiled object), even when none
     born: bool = False  # forked during the window
     exited: bool = False  # exited during the window
 
@@ -207,13 +215,14 @@ def records(
     start, end = window(snapshot)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
     procs: dict[int, ProcessTime] = {}
+    known = "wait_rq_ns" in snapshot.maps
 
     def proc(pid: int) -> ProcessTime:
         if pid not in procs:
             begin = max(start, born.get(pid, start))
             finish = min(end, exited.get(pid, end))
             procs[pid] = ProcessTime(pid, max(finish - begin, 0), born=pid in born,
-                                     exited=pid in exited)  # fmt: skip
+                                     exited=pid in exited, woken_after_known=known)  # fmt: skip
         return procs[pid]
 
     for pid, ns in _ints(snapshot, "cpu_ns").items():
@@ -242,6 +251,10 @@ def records(
             wei = slept
         p = proc(tid)
         p.wait_ns[wei] = p.wait_ns.get(wei, 0) + value
+    for (tid, wei), value in snapshot.get("wait_rq_ns").items():
+        assert isinstance(tid, int) and isinstance(wei, int) and isinstance(value, int)
+        after = proc(tid).woken_after_ns
+        after[wei] = after.get(wei, 0) + value
     for (tid, wei), value in snapshot.get("wait_hist").items():
         assert isinstance(tid, int) and isinstance(wei, int) and isinstance(value, Log2Hist)
         proc(tid).wait_hist[wei] = value
@@ -288,8 +301,10 @@ def since(
         begin, finish = max(start, born.get(cur.pid, start)), min(end, exited.get(cur.pid, end))
         p = ProcessTime(cur.pid, max(finish - begin, 0), cur.cpu_ns - old.cpu_ns)
         p.born, p.exited = cur.born and not old.born, cur.exited and not old.exited
+        p.woken_after_known = cur.woken_after_known
         p.runq_ns = _minus(cur.runq_ns, old.runq_ns)
         p.wait_ns = _minus(cur.wait_ns, old.wait_ns)
+        p.woken_after_ns = _minus(cur.woken_after_ns, old.woken_after_ns)
         for wei, hist in cur.wait_hist.items():
             left = hist_minus(hist, old.wait_hist.get(wei, Log2Hist(())))
             if left.count:
@@ -313,13 +328,15 @@ def hist_minus(now: Log2Hist, before: Log2Hist) -> Log2Hist:
                           if c > old.get((lo, hi), 0)))  # fmt: skip
 
 
-def pending_waits(snapshot: Snapshot | None) -> dict[tuple[int, int], int]:
+def pending_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int, int], int]:
     """(tid, wait_event_info) -> ns asleep not yet in @wait_ns: a live task's running
-    total for the wait event it last slept in (@task fields 7 and 8)."""
+    total for the wait event it last slept in (@task fields 7 and 8). woken: the runqueue
+    time after those sleeps instead (WOKEN_AFTER; the compiled object's only)."""
     out = {}
+    at = WOKEN_AFTER if woken else 8
     for (tid,), task in (snapshot.get("task") if snapshot else {}).items():
-        if isinstance(tid, int) and isinstance(task, tuple) and len(task) >= 9 and task[8]:
-            wei, ns = task[7], task[8]
+        if isinstance(tid, int) and isinstance(task, tuple) and len(task) > at and task[at]:
+            wei, ns = task[7], task[at]
             assert isinstance(wei, int) and isinstance(ns, int)
             out[(tid, wei)] = ns
     return out
@@ -331,7 +348,7 @@ def _add_totals(proc: Callable[[int], ProcessTime], pid: int, task: tuple[int, .
     slept in and the time asleep in it since it changed) rather than in @cpu_ns,
     @runq_ns and @wait_ns, which get them when it exits (the wait also when the event
     changes): one map update per switch or wakeup, not two."""
-    cpu, preempted, woken, wei, asleep = (list(task[4:9]) + [0] * 5)[:5]
+    cpu, preempted, woken, wei, asleep, after, after_open = (list(task[4:11]) + [0] * 7)[:7]
     if not (cpu or preempted or woken or asleep):
         return
     p = proc(pid)
@@ -341,6 +358,9 @@ def _add_totals(proc: Callable[[int], ProcessTime], pid: int, task: tuple[int, .
             p.runq_ns[how] = p.runq_ns.get(how, 0) + ns
     if asleep:
         p.wait_ns[wei] = p.wait_ns.get(wei, 0) + asleep
+    for event, ns in ((wei, after), (task[2], after_open)):
+        if ns:
+            p.woken_after_ns[event] = p.woken_after_ns.get(event, 0) + ns
 
 
 def _add_open(
@@ -396,6 +416,9 @@ class Row:
     backend_type: str = ""
     application_name: str = ""
     state: str = ""  # Client:ClientRead only: pg_stat_activity's state then (idle, ...)
+    # a wait event's: the runqueue time right after its sleeps, counted in the runqueue
+    # (woken) row (None: not measured, the scripts' forms)
+    woken_after_ns: int | None = None
 
     @property
     def share(self) -> float:
@@ -422,6 +445,8 @@ class Row:
             p50_us=round(self.percentile_us(0.50), 3) if self.sleeps else None,
             p99_us=round(self.percentile_us(0.99), 3) if self.sleeps else None,
         )
+        if self.woken_after_ns is not None:
+            row["woken_after_us"] = round(self.woken_after_ns / 1000, 3)
         return row
 
 
@@ -464,9 +489,13 @@ def _model(
         total = sum(p.runq_ns.get(how, 0) for p in group)
         out.append(Row("runqueue", "CPU", f"runqueue ({label})", total, **common))
     by_event: dict[int, int] = defaultdict(int)
+    after: dict[int, int] = defaultdict(int)
     for p in group:
         for wei, ns in p.wait_ns.items():
             by_event[wei] += ns
+        for wei, ns in p.woken_after_ns.items():
+            after[wei] += ns
+    known = any(p.woken_after_known for p in group)
     events = []
     for wei, total in by_event.items():
         wtype, wname = waitevents.name(major, wei)
@@ -480,8 +509,10 @@ def _model(
             category = "idle"
         else:
             category = "wait"
+        woken = after.get(wei, 0) if known else None
         events.append(Row(category, wtype, wname, total, sleeps=hist.count, hist=hist,
-                          wait_event_info=wei, state=state or "", **common))  # fmt: skip
+                          wait_event_info=wei, state=state or "", woken_after_ns=woken,
+                          **common))  # fmt: skip
     events.sort(key=lambda r: (CATEGORY_ORDER.index(r.category), -r.total_ns, r.wait_event))
     out.extend(events)
     rest = wall - sum(r.total_ns for r in out)
