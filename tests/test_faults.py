@@ -78,7 +78,9 @@ def busy(tracing: None) -> Iterator[PgCluster]:
 
 def test_tracer_killed_with_nothing_kept(busy: PgCluster) -> None:
     """kill -9 of bpftrace 2 s into `lwlocks -d 20`: which, how, when; exit 6."""
-    run = start_pgprobe(["lwlocks", "--max-events-per-sec", "0", *busy.conn_args, "-d", "20"])
+    run = start_pgprobe(
+        ["lwlocks", "--source", "usdt", "--max-events-per-sec", "0", *busy.conn_args, "-d", "20"]
+    )
     wait_attached(run.pid)
     os.kill(tracers(run.pid)[0], signal.SIGKILL)
     out, err = run.communicate(timeout=60)
@@ -96,6 +98,8 @@ def test_tracer_killed_after_intervals_keeps_them_marked_partial(busy: PgCluster
     run = start_pgprobe(
         [
             "lwlocks",
+            "--source",
+            "usdt",
             "--max-events-per-sec",
             "0",
             *busy.conn_args,
@@ -161,6 +165,8 @@ def test_tools_print_what_the_probes_collected_when_the_server_stops(busy: PgClu
     lw = start_pgprobe(
         [
             "lwlocks",
+            "--source",
+            "usdt",
             "--max-events-per-sec",
             "0",
             *busy.conn_args,
@@ -255,7 +261,9 @@ def perf_probe_on_done_sites(busy: PgCluster) -> Iterator[list[str]]:
 def test_usdt_sites_taken_by_perf_probe_are_said_loudly(
     busy: PgCluster, perf_probe_on_done_sites: list[str]
 ) -> None:
-    run = start_pgprobe(["lwlocks", *busy.conn_args, "-d", "10", "--max-events-per-sec", "0"])
+    run = start_pgprobe(
+        ["lwlocks", "--source", "usdt", *busy.conn_args, "-d", "10", "--max-events-per-sec", "0"]
+    )
     wait_attached(run.pid)
     (tracer,) = tracers(run.pid)
     out, err = run.communicate(timeout=180)

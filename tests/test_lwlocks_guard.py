@@ -1,4 +1,5 @@
-"""`pgprobe lwlocks --max-events-per-sec`: the guard stops early, keeps an honest window.
+"""`pgprobe lwlocks --source usdt --max-events-per-sec`: the guard stops early, keeps an
+honest window.
 
 A throwaway cluster (scale 1) under pgbench -c 16: thousands of LWLock probe fires a
 second, far past a limit of 50. The guard's own counts (printed by the script when it
@@ -40,7 +41,7 @@ def contention(tracing: None) -> Iterator[PgCluster]:
 
 def lwlocks(pg: PgCluster, *extra: str) -> tuple[dict[str, Any], str, float]:
     started = time.monotonic()
-    done = run_pgprobe(["lwlocks", *pg.conn_args, "--json", *extra])
+    done = run_pgprobe(["lwlocks", "--source", "usdt", *pg.conn_args, "--json", *extra])
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     doc: dict[str, Any] = json.loads(done.stdout)
@@ -89,7 +90,8 @@ def test_guard_stops_early_and_keeps_what_it_counted(contention: PgCluster) -> N
 
 
 def test_guard_table_says_it_stopped_early(contention: PgCluster) -> None:
-    done = run_pgprobe(["lwlocks", *contention.conn_args, "-d", "20", "--max-events-per-sec", "50"])
+    done = run_pgprobe(["lwlocks", "--source", "usdt", *contention.conn_args, "-d", "20",
+                        "--max-events-per-sec", "50"])  # fmt: skip
     assert done.returncode == 0, done.stderr
     title = done.stdout.splitlines()[0]
     assert "stopped early by --max-events-per-sec" in title
@@ -107,7 +109,8 @@ def test_no_guard_or_a_high_one_changes_nothing(contention: PgCluster, limit: st
 
 
 def test_default_guard(contention: PgCluster) -> None:
-    """pgbench -c 16 on scale 1 passes 1,000 fires/s: the default stops it too."""
+    """pgbench -c 16 on scale 1 passes 1,000 fires/s: the USDT source's default guard stops
+    it too (the default source, the scheduler's, has none: test_lwlocks)."""
     doc, stderr, _ = lwlocks(contention, "-d", "20")
     meta = doc["meta"]
     assert meta["max_events_per_sec"] == DEFAULT_MAX_FIRES_PER_S

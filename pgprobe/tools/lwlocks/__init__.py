@@ -1,19 +1,18 @@
-"""`pgprobe lwlocks`: LWLock wait time per tranche and mode (bpf/lwlock_wait.bt).
+"""`pgprobe lwlocks`: LWLock wait time per tranche and mode.
 
-The kernel times every wait and keeps, per (pid, tranche, mode), the count, the total,
-the max and a log2 histogram; the rows are sorted by total wait time, with percentiles
-estimated from the histogram. JSON rows: tranche, mode, waits, total_us, avg_us,
-p50_us, p95_us, p99_us, max_us, share_pct (and pid, backend_type, application_name
-with --by pid).
+By default (--source sched, PostgreSQL 14+) from `pgprobe waits`' capture (the compiled
+bpf/waits.bpf.c, else bpf/waits.bt): its LWLock-class sleeps, each with the runqueue time
+after it and the mode read at its switch-out (the script: the sleeps alone, mode
+unknown). With --source usdt (bpf/lwlock_wait.bt) the kernel times every wait and keeps,
+per (pid, tranche, mode), the count, the total, the max and a log2 histogram. The rows
+are sorted by total wait time, with percentiles estimated from the histogram. JSON rows:
+tranche, mode, waits, total_us, avg_us, p50_us, p95_us, p99_us, max_us, share_pct (the
+scheduler's: runq_us; and pid, backend_type, application_name with --by pid).
 
-On a build without USDT probes (or with --source sched) it falls back to `pgprobe
-waits`' capture (bpf/waits.bt, PostgreSQL 14+): the LWLock-class entries of its
-per-(pid, wait_event_info) sleeps, in the same rows. Those are sleeps (switch-out to
-wakeup), not waits: a wait also spins and queues before it sleeps and runs again after
-its wakeup, so the sleep time is a bit lower; the mode is unknown. The title and
-meta.source say which one was measured. There, waits are the sleeps that ended in the
-window and the total is the sleep time within it: with --interval, a sleep across a
-window's edges can give a row time and no sleep, whose avg_us is null.
+From the scheduler, waits are the sleeps that ended in the window (the queueing before
+a sleep and a wait that never sleeps are not seen) and the total is their time within
+it: with --interval, a sleep across a window's edges can give a row time and no sleep,
+whose avg_us is null. The title and meta.source say which source was measured.
 
 probe.py (script, maps, parameters, the source, `start`), records.py (records, rows),
 view.py (the table), command.py (the CLI). Triage and serve use `check_server`,

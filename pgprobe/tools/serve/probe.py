@@ -10,7 +10,8 @@ and what the probes counted in between was lost with one buffer (5 of 148,920
 SLRU reads over 3.5 s of windows, tests/test_serve.py).
 
 - ``lwlock``: by default no script of its own: the time model's LWLock-class
-  sleeps (pgprobe lwlocks --source sched: sleeps, not waits; mode unknown), at no
+  sleeps and the runqueue time after each (pgprobe lwlocks --source sched; mode
+  unknown), at no
   cost beyond the time model's. ``--lwlock-source usdt``: bpf/lwlock_wait.bt
   (pgprobe lwlocks), exact waits with their mode, whole cluster, not by pid; needs
   the server's USDT probes (PostgreSQL 13+ built with --enable-dtrace) and costs a

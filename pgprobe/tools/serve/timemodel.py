@@ -4,8 +4,9 @@ pgprobe waits decides which processes are the cluster's and names them once per
 capture; the agent does it every window, for a cluster whose backends come and
 go, so it keeps what it learnt (pid -> backend type) only for the pids of the
 last window: memory stays bounded by the processes alive. With `lwlock_sleeps`
-(serve's default LWLock source) it also gives the window's LWLock-class sleeps
-as pgprobe lwlocks --source sched does: sleeps, not waits; mode unknown.
+(serve's default LWLock source) it also gives the window's LWLock-class sleeps,
+each with the runqueue time after it, as pgprobe lwlocks --source sched does (the mode
+not read: unknown).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class TimeModel:
     discovered: dict[int, int] = field(default_factory=dict)  # targets.identities at start
     statements: bool = False  # also each window's time per statement (--statements)
     statement_rows: list[queries_records.StatementTime] = field(default_factory=list)
+    modelled: waits_records.Modelled = field(default_factory=waits_records.Modelled)
 
     def __post_init__(self) -> None:
         self.discovered = waits_targets.identities(self.targets.pids)
@@ -62,7 +64,7 @@ class TimeModel:
         previous, self.previous = waits_records.continues(self.previous, snapshot), snapshot
         start, end = waits_records.window(snapshot, previous)
         self.observed_s = max(end - start, 0) / 1e9
-        procs = waits_records.since(previous, snapshot, alive, is_ours)
+        procs = waits_records.since(previous, snapshot, alive, is_ours, modelled=self.modelled)
         self.lost_events = sum(waits_records.unseen(snapshot, previous).values())
         major = self.targets.cluster.major
         if self.lwlock_sleeps:
