@@ -338,13 +338,15 @@ def test_sched_waits_against_usdt_waits_on_the_same_load(load: PgCluster) -> Non
     by mode from the scheduler (each sleep and the runqueue time after it, the mode read
     from MyProc) against the USDT probes' (every wait timed, its mode as an argument).
 
-    A USDT wait is also its queueing before the sleep, its run after the wakeup up to the
-    __done probe, and the probes' own traps: at least PROBES_US a wait (the shortest waits
-    they time), which the scheduler cannot see. LockManager's time from the scheduler was
-    0.90-0.93 of the probes' on this load. Both captures print a table per second, stamped
-    by the clock: only the seconds both have are compared (their ticks differ by < 1 s).
-    Within 10 % per tranche of 100 ms or more, the probes' own time per wait left out of
-    theirs, and 10 points per mode.
+    A USDT wait is also its run before the sleep and after the wakeup (up to the __done
+    probe), the waits that never sleep, and the probes' own traps: at least PROBES_US a
+    wait (the shortest waits they time). The scheduler sees none of it: LockManager's time
+    from it was 0.925-0.935 of the probes' on this load alone, 0.883 in a CI run (a trace
+    of the same load: 5.7 % of the waits' time before the sleeps, 4.7 % after the switch-in,
+    5.4 % in waits that never slept; preemptions inside a wait 0.3 %). Both captures print
+    a table per second, stamped by the clock: only the seconds both have are compared
+    (their ticks differ by < 1 s). Per tranche of 100 ms or more: at least 0.85 of the
+    probes' time less their own, at most 1.05 of it; and 10 points per mode.
     """
     load_went_on(load, 200)  # past pgbench's start-up burst
     usdt, sched = both_sources(load, 15)
@@ -377,7 +379,7 @@ def test_sched_waits_against_usdt_waits_on_the_same_load(load: PgCluster) -> Non
         print(f"{tranche}: scheduler {whole[tranche]:.1f} ms, USDT {waits[tranche]:.1f} ms "
               f"({usdt_waits[tranche]} waits, {own_ms:.1f} ms of them the probes' own at "
               f"least) in {len(common)} s: {ratio:.3f}; modes {split}")  # fmt: skip
-        assert 0.9 * (waits[tranche] - own_ms) <= whole[tranche] <= 1.1 * waits[tranche], (
+        assert 0.85 * (waits[tranche] - own_ms) <= whole[tranche] <= 1.05 * waits[tranche], (
             tranche, ratio, own_ms, ms)  # fmt: skip
         for mode in MODES:
             assert abs(split["sched"][mode] - split["usdt"][mode]) <= 0.10, (tranche, split)

@@ -58,25 +58,6 @@ def test_interval_windows_are_differences_of_the_totals() -> None:
     assert p.cpu_ns == (6_000 + 1_000) - (2_000 + 500)
 
 
-def test_a_kept_model_gives_the_same_windows() -> None:
-    """records.Modelled: `top` models each snapshot once (kept for the next window) and
-    gets the windows since() computes from both snapshots each time."""
-    first = snapshot(10_000, (9_500, records.ON_CPU, 0, 0, 2_000, 0, 0, WAL_INSERT, 5_000), {})
-    second = snapshot(20_000, (19_000, records.ON_CPU, 0, 0, 6_000, 0, 0, CLIENT_READ, 3_000),
-                      {(7, WAL_INSERT): 5_000})  # fmt: skip
-    third = snapshot(30_000, (29_000, records.ASLEEP, CLIENT_READ, 0, 6_500, 0, 0, CLIENT_READ,
-                              4_000), {(7, WAL_INSERT): 5_000})  # fmt: skip
-    kept = records.Modelled()
-    ours = lambda pid: pid == 7  # noqa: E731
-    previous = None
-    for snap in (first, second, third):
-        assert records.since(previous, snap, [7], ours, modelled=kept) == records.since(
-            previous, snap, [7], ours
-        )
-        assert kept.snapshot is snap
-        previous = snap
-
-
 def test_lwlocks_sleeps_include_the_running_total() -> None:
     assert waitevents.name(15, WAL_INSERT) == ("LWLock", "WALInsert")
     task = (9_000, records.ON_CPU, 0, 0, 0, 0, 0, WAL_INSERT, 5_000)

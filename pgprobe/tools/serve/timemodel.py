@@ -38,7 +38,6 @@ class TimeModel:
     discovered: dict[int, int] = field(default_factory=dict)  # targets.identities at start
     statements: bool = False  # also each window's time per statement (--statements)
     statement_rows: list[queries_records.StatementTime] = field(default_factory=list)
-    modelled: waits_records.Modelled = field(default_factory=waits_records.Modelled)
 
     def __post_init__(self) -> None:
         self.discovered = waits_targets.identities(self.targets.pids)
@@ -64,7 +63,7 @@ class TimeModel:
         previous, self.previous = waits_records.continues(self.previous, snapshot), snapshot
         start, end = waits_records.window(snapshot, previous)
         self.observed_s = max(end - start, 0) / 1e9
-        procs = waits_records.since(previous, snapshot, alive, is_ours, modelled=self.modelled)
+        procs = waits_records.since(previous, snapshot, alive, is_ours)
         self.lost_events = sum(waits_records.unseen(snapshot, previous).values())
         major = self.targets.cluster.major
         if self.lwlock_sleeps:

@@ -95,7 +95,6 @@ class Source:
         self.snapshot = Snapshot(label="")  # the last refresh's (its common meta)
         self.sampler: LockSampler | None = None  # who blocks whom (with the lock dimension)
         self._blocking: lock_trees.Trees | None = None  # the last refresh's trees
-        self.modelled = waits_records.Modelled()  # the last snapshot's time model, kept
         self._stop = False
 
     def set_interval(self, seconds: int) -> None:
@@ -205,8 +204,8 @@ class Source:
         def kept(pid: int) -> bool:
             return pid not in own and keep(pid)
 
-        procs = [p for p in waits_records.since(previous, snapshot, alive, ours(targets),
-                                                modelled=self.modelled) if kept(p.pid)]  # fmt: skip
+        procs = [p for p in waits_records.since(previous, snapshot, alive, ours(targets))
+                 if kept(p.pid)]  # fmt: skip
         backends = records.backends(procs, major, reading.sessions)
         by_class, wall = records.totals(backends)
         charged = query_records.charges(snapshot, previous)

@@ -272,25 +272,6 @@ def records(
     return sorted((p for p in procs.values() if born.get(p.pid, start) < end), key=lambda p: p.pid)
 
 
-class Modelled:
-    """records() of the last snapshot modelled, for the next window's since(): a refresh
-    models each snapshot once, not twice (records() is pure: the same snapshot, targets and
-    is_ours give the same records; the snapshot is held, so its identity is not reused)."""
-
-    def __init__(self) -> None:
-        self.snapshot: Snapshot | None = None
-        self.targets: tuple[int, ...] = ()
-        self.procs: list[ProcessTime] = []
-
-    def records(
-        self, snapshot: Snapshot, targets: tuple[int, ...], is_ours: Callable[[int], bool]
-    ) -> list[ProcessTime]:
-        if snapshot is not self.snapshot or targets != self.targets:
-            self.procs = records(snapshot, targets, is_ours)
-            self.snapshot, self.targets = snapshot, targets
-        return self.procs
-
-
 def since(
     previous: Snapshot | None,
     snapshot: Snapshot,
@@ -298,7 +279,6 @@ def since(
     is_ours: Callable[[int], bool],
     slept_in: dict[int, int] | None = None,
     asleep_at_start: dict[int, tuple[int, int]] | None = None,
-    modelled: Modelled | None = None,
 ) -> list[ProcessTime]:
     """The window from `previous`'s @now_ns to `snapshot`'s: the difference of the two.
 
@@ -307,21 +287,12 @@ def since(
     between the interval probe and the print). Both snapshots are modelled the
     same way (same is_ours, targets, ...) so that what is charged in between
     lands in one window or the next, never in none. With no previous
-    snapshot: the capture's first window, as records(). modelled: the last snapshot's
-    records, kept (a caller that models each window with the same is_ours and neither
-    slept_in nor asleep_at_start).
+    snapshot: the capture's first window, as records().
     """
-    if modelled is not None and slept_in is None and asleep_at_start is None:
-        kept = tuple(targets)
-        old_procs = modelled.records(previous, kept, is_ours) if previous is not None else []
-        now = modelled.records(snapshot, kept, is_ours)
-    else:
-        now = records(snapshot, targets, is_ours, slept_in, asleep_at_start)
-        old_procs = (records(previous, targets, is_ours, slept_in, asleep_at_start)
-                     if previous is not None else [])  # fmt: skip
+    now = records(snapshot, targets, is_ours, slept_in, asleep_at_start)
     if previous is None:
         return now
-    before = {p.pid: p for p in old_procs}
+    before = {p.pid: p for p in records(previous, targets, is_ours, slept_in, asleep_at_start)}
     start, end = window(snapshot, previous)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
     out = []
