@@ -66,15 +66,10 @@ def with_mode(pid: int, wait_event_info: int, where: ModeAddress) -> int:
     if wait_event_info >> 24 != LWLOCK_CLASS or wait_event_info & LWLOCK_MODE_BITS:
         return wait_event_info
     try:
-        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-            mem.seek(where.proc)
-            pgproc = int.from_bytes(mem.read(8), "little")
-            if not pgproc:
-                return wait_event_info
-            mem.seek(pgproc + where.offset)
-            read = mem.read(1)
+        pgproc, word = address.read_through(pid, where.proc, where.offset)
     except (OSError, ValueError):
         return wait_event_info
-    if len(read) != 1 or read[0] >= len(MODES):
+    read = word & 0xFF  # the uint8 at the offset (little endian)
+    if not pgproc or read >= len(MODES):
         return wait_event_info
-    return wait_event_info | (read[0] + 1) << 16
+    return wait_event_info | (read + 1) << 16

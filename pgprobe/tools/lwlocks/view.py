@@ -8,7 +8,7 @@ from pgprobe.literal import one_line
 from pgprobe.render import table
 from pgprobe.tools import common
 from pgprobe.tools.lwlocks.bystatement import StatementSleep
-from pgprobe.tools.lwlocks.records import WAITS_TITLE, WaitRow
+from pgprobe.tools.lwlocks.records import WaitRow
 
 COLUMNS = [
     table.Column("tranche", "TRANCHE"),
@@ -57,7 +57,7 @@ def cells(row: WaitRow) -> dict[str, str]:
 def show(result: list[WaitRow], by_pid: bool, meta: dict[str, Any], interval: int | None) -> None:
     """The table (RUNQ ms where measured: the scheduler source's); an empty capture says so
     (and why it may be, for a single window)."""
-    runq = meta.get("title") == WAITS_TITLE
+    runq = any(r.runq_ns is not None for r in result)
     columns = (PID_COLUMNS if by_pid else []) + [
         c for c in COLUMNS if runq or c.key != "runq_ms"]  # fmt: skip
     what = str(meta.get("title", "LWLock waits"))
