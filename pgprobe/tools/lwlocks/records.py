@@ -139,14 +139,14 @@ def records(snapshot: Snapshot) -> list[WaitRecord]:
 def measures_waits(snapshot: Snapshot) -> bool:
     """Whether a time-model snapshot has the runqueue time after each sleep (whole waits:
     the compiled object's), or the sleeps alone (the script's)."""
-    return "wait_rq_ns" in snapshot.maps
+    return waits_records.woken_after_measured(snapshot)
 
 
 def _sleep_ns(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int, int], int]:
     """(tid, wait_event_info) -> ns asleep: @wait_ns plus the running totals in @task
     (woken: the runqueue time after those sleeps instead)."""
     out = waits_records.pending_waits(snapshot, woken)
-    name = "wait_rq_ns" if woken else "wait_ns"
+    name = waits_records.WOKEN_AFTER_MAP if woken else "wait_ns"
     for key, ns in (snapshot.get(name) if snapshot is not None else {}).items():
         tid, wei = key
         assert isinstance(tid, int) and isinstance(wei, int) and isinstance(ns, int)

@@ -376,7 +376,7 @@ def read(
         maps[name] = {_PAIR.unpack(k): _U64.unpack(v)[0] for k, v in obj.items(name)}
     pairs = {_PAIR.unpack(k): _PAIR_NS.unpack(v) for k, v in obj.items("wait_ns")}
     maps["wait_ns"] = {k: v[0] for k, v in pairs.items()}
-    maps["wait_rq_ns"] = {k: v[1] for k, v in pairs.items() if v[1]}
+    maps[records.WOKEN_AFTER_MAP] = {k: v[1] for k, v in pairs.items() if v[1]}
     query_read = querydim.read_map(obj) if query else {}
     lock_read = lockdim.read_map(obj) if locks else {}
     hist_items = obj.items("wait_hist")

@@ -32,6 +32,9 @@ LOST_TRACK, PENDING_LOST_TRACK = 7, 8  # its CPU's events stopped being seen: no
 # time after the sleeps of its running total (field 7's event), then after its open sleep
 # (field 2's), both already in field 6 (woken)
 WOKEN_AFTER = 9
+# The compiled object's map of the same: (tid, wait_event_info) -> the runqueue time right
+# after the sleeps moved to @wait_ns (compiled.read writes it; waits.bt has none)
+WOKEN_AFTER_MAP = "wait_rq_ns"
 # @runq_ns's third kind: runnable since before the capture as far as the script saw (its
 # first event a switch-in). Runqueue time (WOKEN), unless pgprobe read the process asleep
 # before the capture and it has not run since: then its wakeup was lost and it is that sleep.
@@ -215,7 +218,7 @@ def records(
     start, end = window(snapshot)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
     procs: dict[int, ProcessTime] = {}
-    known = "wait_rq_ns" in snapshot.maps
+    known = woken_after_measured(snapshot)
 
     def proc(pid: int) -> ProcessTime:
         if pid not in procs:
@@ -251,7 +254,7 @@ def records(
             wei = slept
         p = proc(tid)
         p.wait_ns[wei] = p.wait_ns.get(wei, 0) + value
-    for (tid, wei), value in snapshot.get("wait_rq_ns").items():
+    for (tid, wei), value in snapshot.get(WOKEN_AFTER_MAP).items():
         assert isinstance(tid, int) and isinstance(wei, int) and isinstance(value, int)
         after = proc(tid).woken_after_ns
         after[wei] = after.get(wei, 0) + value
@@ -326,6 +329,12 @@ def hist_minus(now: Log2Hist, before: Log2Hist) -> Log2Hist:
     old = {(lo, hi): c for lo, hi, c in before.buckets}
     return Log2Hist(tuple((lo, hi, c - old.get((lo, hi), 0)) for lo, hi, c in now.buckets
                           if c > old.get((lo, hi), 0)))  # fmt: skip
+
+
+def woken_after_measured(snapshot: Snapshot) -> bool:
+    """Whether a snapshot has the runqueue time after each sleep (the compiled object's),
+    even none of it, or not (the scripts')."""
+    return WOKEN_AFTER_MAP in snapshot.maps
 
 
 def pending_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int, int], int]:
