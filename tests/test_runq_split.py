@@ -61,7 +61,13 @@ def sleeps(n: int) -> str:
 # to 1 minus that.
 SHARE_ALONE = SHARE_BURNER = 0.8
 SHARE_BESIDE = 0.5
-STAMP_US = 2.0  # a switch's two stamps (scheduler's clock, tracepoint's) apart, at most
+# A switch's two stamps (scheduler's clock, tracepoint's) apart, at most, per run. The
+# bpftrace form stamps a wakeup at its tracepoint, after the kernel's clock read at the
+# enqueue (and, remote, a reschedule IPI: a VM exit): where the wakeup preempts at once
+# (the real-time sleeper), the kernel counts that span and the script does not. Measured
+# 1.5 us a run here, 4.6 and 4.8 in two fresh-clone CIs (7,347 against 7,814 us; 9,068
+# against 9,554); the compiled form reads the kernel's counts.
+STAMP_US = {"compiled": 2.0, "bpftrace": 10.0}
 
 
 @dataclass
@@ -208,11 +214,10 @@ def check_split(got: Capture, name: str, expected: str, bound: float) -> None:
     # On CPU + runqueue against schedstat's: a wakeup that preempts skips the scheduler's
     # clock update, and schedstat's CPU then gains what its runqueue loses (test_waits),
     # which moves time between the two but not their sum. That sum differs only by the
-    # stamps, "a few us apart" at each switch (docs/waits.md): the bpftrace form's
-    # real-time sleeper measured up to 0.9 us a run off it (86 us short of 4 ms of CPU and
-    # runqueue in 101 runs: beyond 2 %). pgprobe's CPU includes steal, schedstat's not.
+    # stamps, "a few us apart" at each switch (docs/waits.md; STAMP_US). pgprobe's CPU
+    # includes steal, schedstat's not.
     busy, busy_truth = cpu + woken + preempted, cpu_truth + truth
-    floor = 50 + STAMP_US * runs
+    floor = 50 + STAMP_US[got.engine] * runs
     high = busy_truth + max(busy_truth * 0.02, floor + got.steal_us)
     if name in got.lost:  # recorded with took_lost_path(), once per capture
         # Lost events lose time (a lost switch-in) or move a wakeup's runqueue time to the
