@@ -9,8 +9,9 @@ whose answer is known:
   its wakeups: all its runqueue time is "woken", none "preempted";
 - (b) four CPU burners (more runnable backends than the VM's 2 CPUs) wait for a CPU after
   the scheduler took it from them: their runqueue time is mostly "preempted";
-- (c) a sleeper (pg_sleep(0.01) 200 times) beside the four: each wakeup finds both CPUs
-  busy and waits for one, so its runqueue time is mostly "woken".
+- (c) a sleeper (pg_sleep(0.01) 200 times, after a first sleep while the four start)
+  beside the four: each wakeup finds both CPUs busy and waits for one, so its runqueue
+  time is mostly "woken".
 Independent truths, from the kernel: /proc/PID/schedstat's deltas (on CPU, runqueue, runs)
 and nonvoluntary_ctxt_switches (the backend's preemptions: where it counts none, pgprobe's
 "preempted" must be 0). The backends are idle across both edges of the window (checked), so
@@ -24,6 +25,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,11 @@ WOKEN, PREEMPTED = "runqueue (woken, not yet running)", "runqueue (preempted)"
 
 def sleeps(n: int) -> str:
     return f"SELECT pg_sleep(0.01) FROM generate_series(1, {n})"
+
+
+FIRST_SLEEP_S = 1.5  # (c)'s first sleep: the burners start meanwhile
+BESIDE = (f"SELECT pg_sleep(CASE WHEN i = 0 THEN {FIRST_SLEEP_S} ELSE 0.01 END) "
+          "FROM generate_series(0, 200) i")  # fmt: skip
 
 
 # The bounds: the share of a backend's runqueue time in the row its load predicts, in ~25
@@ -146,18 +153,28 @@ def _capture(pg: PgCluster, engine: str) -> Capture:
         wait_attached(probe)
         assert {n: schedstat(p) for n, p in pids.items()} == before, "ran while attaching"
         conns["alone"].execute(sleeps(100))  # (a): before any burner starts
-        threads = {n: threading.Thread(target=burn, args=(n,)) for n in burners}
-        for thread in threads.values():
-            thread.start()
-        # (c) once all four are on a CPU or waiting for one, and still so after it: every
-        # one of its wakeups found more runnable backends than CPUs.
+        # (c) its statement arrives before the burners start (that ClientRead wakeup finds
+        # a CPU: once, one such wakeup waited 5 ms behind them, as much as its 200 sleeps'
+        # runqueue time), and its first sleep lasts until all four are on a CPU or waiting
+        # for one, and still so after it: every one of its wakeups from pg_sleep found more
+        # runnable backends than CPUs.
+        runs = schedstat(pids["beside"])[2]
+        threads["beside"] = threading.Thread(target=conns["beside"].execute, args=(BESIDE,))
+        threads["beside"].start()
+        until(lambda: schedstat(pids["beside"])[2] > runs, "the statement beside started")
+        first_sleep_ends = time.monotonic() + FIRST_SLEEP_S
+        for name in burners:
+            threads[name] = threading.Thread(target=burn, args=(name,))
+            threads[name].start()
         until(burning, "the burners running")
-        conns["beside"].execute(sleeps(200))
+        assert time.monotonic() < first_sleep_ends - 0.2, "the burners took too long to start"
+        threads["beside"].join(timeout=60)
+        assert not threads["beside"].is_alive(), "the statement beside did not end"
         assert burning(), {n: proc_state(pids[n]) for n in burners}
         for name in burners:
             control.execute("SELECT pg_cancel_backend(%s)", (pids[name],))
-        for thread in threads.values():
-            thread.join(timeout=60)
+        for name in burners:
+            threads[name].join(timeout=60)
         assert sorted(cancelled) == burners, cancelled
         after = settled(pids)
         nivcsw = {n: preemptions(p) - nivcsw[n] for n, p in pids.items()}
@@ -170,7 +187,7 @@ def _capture(pg: PgCluster, engine: str) -> Capture:
             probe.send_signal(signal.SIGINT)
             probe.communicate(timeout=60)
         for name, thread in threads.items():  # a failure above left it burning: end it
-            if thread.is_alive():
+            if thread.is_alive() and name != "beside":
                 control.execute("SELECT pg_cancel_backend(%s)", (pids[name],))
             thread.join(timeout=60)
         for conn in [*conns.values(), control]:
