@@ -6,7 +6,8 @@ test, on the client's clock); three --batch windows follow each other without a 
 add up to the span the client saw them in; a migration queue (a reader idle in its
 transaction, an ALTER TABLE behind it, a SELECT behind the ALTER) is a blocking tree on the
 screen and in the JSON, placed as the test's own pg_blocking_pids() says, each waiter's
-seconds its own account (test_locks' timed()). Run once (not per build): the screen does
+seconds its own account (test_locks' timed()); on a PL/pgSQL loop's details page, `c`
+samples its CPU functions: its samples are its schedstat CPU times the rate. Run once (not per build): the screen does
 not depend on the server's version, and the time model's numbers are checked per build by
 tests/test_waits*.py and tests/test_locks.py. Kept in one, long because one terminal scene
 holds it together: the tmux pane, the loaded cluster and its sessions serve every test."""
@@ -289,6 +290,48 @@ def test_top_batch_json_windows_add_up(cluster: PgCluster, ready: None, load: Lo
         waits = {r["event"]: r for r in doc["rows"] if r["view"] == "waits"}
         assert abs(waits["Timeout:PgSleep"]["total_us"] / 1e6 - meta["window_s"]) < 0.01, waits
         assert doc["tool"] == "top" and meta["cpus"] >= 1
+
+
+CPU_HEAD = re.compile(r"CPU functions of pid (\d+) \((\d+) Hz for (\d+) s, by self samples\): "
+                      r"([\d,]+) samples")  # fmt: skip
+
+
+def test_top_cpu_functions_of_a_backend(cluster: PgCluster, ready: None, load: Load) -> None:
+    """Enter, then c: a low-rate CPU sample of the row's backend (top.cpu). A PL/pgSQL loop
+    burns the CPU: its samples are its schedstat CPU over those seconds x the rate (+-15 %,
+    as flame's: the capture's edges are not on the screen), and the function on top, by self
+    samples, is in plpgsql.so."""
+    need(shutil.which("bpftrace") is not None, "bpftrace is not installed")
+    burner = load.start("top-cpu-burner", "DO $$BEGIN LOOP END LOOP; END$$")
+    clock = CpuClock(burner)
+    screen = Screen([*cluster.conn_args, "--interval", "1", "--view", "backends"], width=100)
+    try:
+        screen.wait(lambda t: any(ln.split()[:1] == [str(burner)] for ln in t), "the burner")
+        screen.keys("/", *"top-cpu-burner", "Enter")
+        screen.wait(lambda t: "filter: top-cpu-burner" in "\n".join(t), "the filter")
+        screen.keys("Enter")
+        screen.wait(lambda t: f"c: the CPU functions of pid {burner}" in "\n".join(t), "the hint")
+        asked = time.time()
+        screen.keys("c")
+        screen.wait(lambda t: "sampling..." in "\n".join(t), "the sample under way")
+        lines = screen.wait(lambda t: CPU_HEAD.search("\n".join(t)) is not None, "the result",
+                            timeout=60)  # fmt: skip
+        done = time.time()
+        clock.done.set()
+        found = CPU_HEAD.search("\n".join(lines))
+        assert found is not None
+        pid, hz, seconds, samples = (int(g.replace(",", "")) for g in found.groups())
+        rate = (clock.at(done - 0.1) - clock.at(asked)) / 1e9 / (done - 0.1 - asked)
+        expected = rate * seconds * hz
+        print(f"samples {samples}, expected {expected:.0f} (CPU {rate:.3f} of a second)")
+        assert pid == burner and abs(samples - expected) <= 0.15 * expected + 3, lines
+        first = lines[next(i for i, ln in enumerate(lines) if CPU_HEAD.search(ln)) + 1]
+        assert re.match(r"\s+\d+\.\d %  .+  \(plpgsql\.so\)$", first.rstrip()), lines
+        screen.keys("q")
+        screen.wait(lambda t: "EXITED 0" in "\n".join(t), "the exit")
+    finally:
+        clock.done.set()
+        screen.close()
 
 
 class JsonLines:

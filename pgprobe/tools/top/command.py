@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections import deque
 from typing import Any
 
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common
-from pgprobe.tools.top import records, view
+from pgprobe.tools.top import cpu, records, view
+from pgprobe.tools.top.cpu import CpuSampler
 from pgprobe.tools.top.keys import KeyReader
 from pgprobe.tools.top.source import Source, check
 from pgprobe.tools.top.state import INTERVALS, State
@@ -104,41 +106,68 @@ def live(ns: argparse.Namespace, source: Source) -> int:
     )
     state = State(interval=ns.interval, view=ns.view)
     history: deque[tuple[float, str]] = deque(maxlen=400)
-    screen = view.Screen(None, state, history, cluster.version, cluster.postmaster_pid)
+    sampler = CpuSampler(source.targets)
+    screen = view.Screen(None, state, history, cluster.version, cluster.postmaster_pid,
+                         cpu=sampler)  # fmt: skip
+    sampling = 0.0  # a CPU sample under way: when its countdown was last drawn (0: none)
     last = None
-    with KeyReader(sys.stdin.fileno()) as keys, Live(screen, console=console, screen=True,
-                                                     auto_refresh=False) as shown:  # fmt: skip
-        size = console.size
+    try:
+        with KeyReader(sys.stdin.fileno()) as keys, Live(screen, console=console, screen=True,
+                                                         auto_refresh=False) as shown:  # fmt: skip
+            size = console.size
 
-        def tick(*_: Any) -> None:
-            nonlocal size
-            typed = keys.read()
-            for key in typed:
-                state.key(key)
-            if state.quit:
-                source.stop()
-            if state.interval != source.interval:
-                source.set_interval(state.interval)
-                screen.status = f"(every {state.interval} s from the next refresh)"
-            if typed or console.size != size:
-                size = console.size
+            def tick(*_: Any) -> None:
+                nonlocal size, sampling
+                typed = keys.read()
+                for key in typed:
+                    state.key(key)
+                if state.quit:
+                    source.stop()
+                if state.interval != source.interval:
+                    source.set_interval(state.interval)
+                    screen.status = f"(every {state.interval} s from the next refresh)"
+                if state.cpu_asked:
+                    state.cpu_asked = False
+                    screen.status = sample_cpu(screen)
+                counting = sampling and (not sampler.running or time.monotonic() - sampling >= 1)
+                if typed or console.size != size or counting:
+                    sampling = time.monotonic() if sampler.running else 0.0  # its result: once more
+                    size = console.size
+                    shown.refresh()
+                elif sampler.running and not sampling:
+                    sampling = time.monotonic()
+
+            source.on_tick = tick
+            for frame in source.frames():
+                last = frame
+                history.append((frame.aas(), max(records.CLASSES, key=frame.aas)))
+                if not state.paused:
+                    screen.frame, screen.status = frame, ""
                 shown.refresh()
-
-        source.on_tick = tick
-        for frame in source.frames():
-            last = frame
-            history.append((frame.aas(), max(records.CLASSES, key=frame.aas)))
-            if not state.paused:
-                screen.frame, screen.status = frame, ""
-            shown.refresh()
-            if state.quit:
-                break
+                if state.quit:
+                    break
+    finally:
+        sampler.close()  # a CPU sample under way: its tracer ended too
     if last is not None:
         for line in last.lost:
             common.warn(line)
     if source.gone:
         common.warn(source.gone)
     return 0
+
+
+def sample_cpu(screen: view.Screen) -> str:
+    """c on a details page: its row's CPU functions sampled (a note when it cannot be)."""
+    rows = screen.state.rows(screen.frame) if screen.frame is not None else []
+    if not rows or screen.cpu is None:
+        return ""
+    asked = cpu.asked_for(rows[min(screen.state.selected, len(rows) - 1)])
+    if isinstance(asked, str):
+        return asked
+    if screen.cpu.running:
+        return "(a CPU sample is under way: one at a time)"
+    screen.cpu.ask(asked)
+    return ""
 
 
 assert DEFAULT_INTERVAL in INTERVALS

@@ -2,7 +2,8 @@
 
 Keys, in htop's and pg_activity's habits: 1-4 or Tab the view, < and > the sort column,
 r the order, / a filter (Enter keeps it, Esc drops it), Space pause, + and - the refresh
-interval, the arrows (or j, k) a row, Enter its details (Esc or Enter back), q quits."""
+interval, the arrows (or j, k) a row, Enter its details (Esc or Enter back; there, c samples
+its CPU functions), q quits."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class State:
     paused: bool = False
     selected: int = 0
     detail: bool = False
+    cpu_asked: bool = False  # c on a details page: its CPU functions (command.py samples)
     quit: bool = False
 
     @property
@@ -92,6 +94,8 @@ class State:
         """Apply one key (a character, or UP, DOWN, ENTER, ESC, BACKSPACE, TAB)."""
         if self.editing is not None:
             self._edit(key)
+        elif self.detail and key == "c":
+            self.cpu_asked = True
         elif self.detail and key not in ("q", " ", "+", "-"):
             self.detail = key not in (ENTER, ESC, BACKSPACE)
         elif key == "q":

@@ -19,7 +19,8 @@ from pgprobe.literal import literal, literal_lines, one_line
 from pgprobe.render import table
 from pgprobe.tools.locks.trees import Tree
 from pgprobe.tools.queries.records import components
-from pgprobe.tools.top import records
+from pgprobe.tools.top import cpu, records
+from pgprobe.tools.top.cpu import CpuSampler
 from pgprobe.tools.top.records import CLASSES, Frame
 from pgprobe.tools.top.state import State
 
@@ -198,6 +199,7 @@ class Screen:
     version: str
     postmaster: int
     status: str = ""  # a note for the bottom line (the interval changes at the next refresh)
+    cpu: CpuSampler | None = None  # the details page's CPU functions (c), when sampled
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width, height = options.max_width, options.height or console.height
@@ -343,6 +345,17 @@ class Screen:
         row = rows[min(state.selected, len(rows) - 1)]
         for line in detail_lines(state.view, row, frame):
             yield Text(literal_lines(line), no_wrap=False)
+        asked = cpu.asked_for(row)
+        if isinstance(asked, str) or self.cpu is None:
+            return
+        yield Text("")
+        sampled = self.cpu.shown_for(asked)
+        if sampled is None:
+            yield Text(f"c: the CPU functions of {asked.label} ({cpu.SECONDS:g} s sample)",
+                       style="dim")  # fmt: skip
+            return
+        for line in sampled.lines():
+            yield Text(literal(line), no_wrap=False)
 
     def _keys(self, width: int) -> Text:
         bar = Text(no_wrap=True, overflow="crop")
