@@ -42,14 +42,20 @@ def read_info(pid: int) -> ProcInfo | None:
     )
 
 
+_SMALL = 8192  # bytes: more than /proc/PID/stat, schedstat or status hold
+
+
 def read_small(pid: int, name: str) -> str:
     """/proc/PID/name whole, with no Path or buffered file on the way (a third of the cost:
     read for each process at each refresh of `top`); OSError when pid is gone."""
     fd = os.open(f"{PROC}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while chunk := os.read(fd, 4096):
-            chunks.append(chunk)
+        # One read takes the file whole: /proc's seq files fill the buffer until they end
+        # (a short read is the end; a second read returned b"", a third of the system
+        # calls); again only when it filled the buffer.
+        chunks = [os.read(fd, _SMALL)]
+        while len(chunks[-1]) == _SMALL:
+            chunks.append(os.read(fd, _SMALL))
     finally:
         os.close(fd)
     return b"".join(chunks).decode(errors="replace")

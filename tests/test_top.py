@@ -7,10 +7,11 @@ add up to the span the client saw them in; a migration queue (a reader idle in i
 transaction, an ALTER TABLE behind it, a SELECT behind the ALTER) is a blocking tree on the
 screen and in the JSON, placed as the test's own pg_blocking_pids() says, each waiter's
 seconds its own account (test_locks' timed()); on a PL/pgSQL loop's details page, `c`
-samples its CPU functions: its samples are its schedstat CPU times the rate. Run once (not per build): the screen does
-not depend on the server's version, and the time model's numbers are checked per build by
-tests/test_waits*.py and tests/test_locks.py. Kept in one, long because one terminal scene
-holds it together: the tmux pane, the loaded cluster and its sessions serve every test."""
+samples its CPU functions: its samples are its schedstat CPU times the rate. Run once (not
+per build): the screen does not depend on the server's version, and the time model's
+numbers are checked per build by tests/test_waits*.py and tests/test_locks.py. Kept in
+one, long because one terminal scene holds it together: the tmux pane, the loaded cluster
+and its sessions serve every test."""
 
 from __future__ import annotations
 

@@ -9,6 +9,10 @@ bpftrace's own dependency, so present wherever bpftrace is, and nothing to build
 
 Every failure is a LibbpfError of one line; libbpf's own messages never reach the
 terminal: they are kept in BpfObject.log.
+
+Kept in one module (~430 lines): the prototypes, the object's life (open, load, attach)
+and its map reads (in batches where the kernel has them) share one library handle, one
+message sink and one error path.
 """
 
 from __future__ import annotations

@@ -13,14 +13,16 @@ import argparse
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture, Snapshot
 from pgprobe.errors import PgprobeError
-from pgprobe.tools import bystatement, profiling
-from pgprobe.tools.hot.records import HotRow, hot_rows
 from pgprobe.tools.queries.records import STATEMENT, StatementTime
 from pgprobe.tools.top.records import BackendRow
+
+if TYPE_CHECKING:  # the sampler's modules load when first asked (0.5 s of top's start)
+    from pgprobe.tools.hot.records import HotRow
 
 HZ = 49  # samples per second per CPU: low, beside a live server in trouble
 SECONDS = 5.0
@@ -113,6 +115,9 @@ class CpuSampler:
             thread.join(timeout=30)
 
     def _run(self, result: Result) -> None:
+        from pgprobe.tools import bystatement, profiling
+        from pgprobe.tools.hot.records import hot_rows
+
         asked = result.asked
         ns = argparse.Namespace(hz=HZ, kernel=False, duration=SECONDS, unwind="fp",
                                 engine="bpftrace", query_id=asked.query_id, by=None)  # fmt: skip

@@ -35,6 +35,7 @@ from pgprobe.tools.top.sessions import Sessions
 from pgprobe.tools.waits import compiled, lockdim, probe, querydim
 from pgprobe.tools.waits import records as waits_records
 from pgprobe.tools.waits.targets import counted, identities, ours, present, run_counts, watched
+from pgprobe.tools.waits.unmoved import Unmoved
 from pgprobe.waitevents import address, lockwait, statement
 
 
@@ -72,6 +73,14 @@ def check(ns: argparse.Namespace) -> None:
     if why is not None:
         why = why or "it runs on bpftrace with libbpf only"
         raise PgprobeError(f"top needs the compiled time model: {why}", EXIT_ENV)
+
+
+def still_present(discovered: dict[int, int], alive: list[int], unmoved: set[int]) -> list[int]:
+    """present(discovered) now, from the last refresh's: a process present then that has not
+    moved since (the read just made found its counters unchanged) is that process still,
+    without its /proc/PID/stat read (1,000 idle backends: 1,000 files a refresh)."""
+    kept = {pid for pid in alive if pid in unmoved}
+    return sorted([*kept, *present({p: t for p, t in discovered.items() if p not in kept})])
 
 
 class Source:
@@ -155,7 +164,9 @@ class Source:
         targets = self.targets
         discovered = identities(run_counts(watched(targets)))
         args = probe.script_args(targets, self.where, self.interval)
-        capture = compiled.capture(args, duration, query=self.dims.query, locks=self.dims.locks)
+        reads = Unmoved()
+        capture = compiled.capture(args, duration, query=self.dims.query, locks=self.dims.locks,
+                                   unmoved=reads)  # fmt: skip
         self.capture = capture
         if self.sampler is None:
             self._start_sampler()
@@ -165,10 +176,12 @@ class Source:
         previous: Snapshot | None = None
         recycle: int | None = None
         failed = 0
+        alive: list[int] = []
         for event in capture.events():
             if not isinstance(event, Snapshot):
                 continue
-            frame = self.frame(previous, event, present(discovered), capture.info, failed)
+            alive = still_present(discovered, alive, reads.confirmed)
+            frame = self.frame(previous, event, alive, capture.info, failed)
             if note:
                 frame.lost.append(note)
                 note = ""

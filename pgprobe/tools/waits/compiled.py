@@ -66,6 +66,8 @@ _MARKS_AT = _SLEPT_P + 1
 _LOCK_AT = _MARKS_AT + querydim.MARK_FIELDS
 _WAIT_RQ = _LOCK_AT + lockdim.FIELDS
 _TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
+_LOCK_BYTES = slice(8 * _LOCK_AT, 8 * _WAIT_RQ)  # the lock dimension's fields in an entry
+_NO_LOCK = bytes(8 * lockdim.FIELDS)
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
 # The query dimension's own program, a uprobe on the server's proc_exit() (querydim.
 # Dimension.uprobes): loaded only when asked for.
@@ -117,19 +119,22 @@ def capture(
     query: querydim.Dimension | None = None,
     locks: lockdim.Dimension | None = None,
     modes: lwmode.ModeAddress | None = None,
+    unmoved: Unmoved | None = None,
 ) -> CompiledCapture:
     """waits.bt's parameters ($1-$6, probe.script_args) as the object's globals; with a duty
     below 1 (and an interval), each interval's snapshot is a capture of its own (engines.
     compiled): the maps are emptied and the processes seeded again at each attach. query:
     the time model keyed by statement too (querydim), in the snapshot's `query_ns`; locks:
     each Lock sleep keyed by its lock too (lockdim), in `lock_ns`; modes: each LWLock sleep
-    keyed by the mode waited for too (lwmode: `wait_ns` keys carry it)."""
+    keyed by the mode waited for too (lwmode: `wait_ns` keys carry it); unmoved: the reads'
+    memory of each process (given: the caller sees which had not moved at the last read)."""
     postmaster, address, interval, single, be_address, state_offset = (int(str(a)) for a in args)
     path = object_path()
     assert path is not None
     entry = backend_state.StateAddress(be_address, state_offset) if be_address else None
     start = Start(0, {})
-    unmoved = Unmoved()  # each process's last read, for the next (one capture's: emptied below)
+    if unmoved is None:  # each process's last read, for the next (one capture's: emptied below)
+        unmoved = Unmoved()
 
     def pids() -> list[int]:
         return [single] if single else [postmaster, *proc.children(postmaster)]
@@ -138,6 +143,7 @@ def capture(
         targets = pids()
         _empty(obj, targets)
         unmoved.kept.clear()
+        unmoved.confirmed.clear()
         # waits.bt sets @window_ns in BEGIN, before its probes attach: the same here.
         start.window = time.monotonic_ns()
         obj.update("scalars", _U32.pack(WINDOW), _U64.pack(start.window))
@@ -394,6 +400,7 @@ def read(
         if _unmoved(pid, counters):  # neither run nor on CPU since: as it was at `now`
             after[pid] = (entry, now, counters)
         elif pid in same:  # it ran since its read before the maps: read it after them now
+            same.discard(pid)
             after.pop(pid)
             after.update(_raw_tasks(obj, [pid], unmoved))
     closed_before: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in before.items()}
@@ -406,15 +413,19 @@ def read(
     if query:
         maps["query_ns"] = _query_ns(obj, query, query_read, before, after, unmoved)
     if locks:
+        # only the processes with a lock wait in an entry: the others add nothing to the map
+        waited = {pid for pid, raw in (*before.items(), *after.items())
+                  if raw[0][_LOCK_BYTES] != _NO_LOCK}  # fmt: skip
         kept_raw = {pid: before[pid] if maps["task"][(pid,)] is closed_before.get((pid,))
-                    else raw for pid, raw in after.items()}  # fmt: skip
+                    else raw for pid, raw in after.items() if pid in waited}  # fmt: skip
         maps["lock_ns"] = lockdim.collect(
-            obj, lock_read, {pid: _lock_part(raw) for pid, raw in before.items()},
+            obj, lock_read, {pid: _lock_part(raw) for pid, raw in before.items() if pid in waited},
             {pid: _lock_part(raw) for pid, raw in kept_raw.items()},
-            {pid: _lock_part(raw) for pid, raw in after.items()})  # fmt: skip
+            {pid: _lock_part(raw) for pid, raw in after.items() if pid in waited})  # fmt: skip
     info.failed_map_updates = scalars.get(REFUSED, 0)  # a full map: said like bpftrace's
     if unmoved is not None:
         unmoved.forget_gone(set(after))
+        unmoved.confirmed = same
     _open.cache_clear()
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
 

@@ -33,6 +33,9 @@ class Unmoved:
     """The live processes' last reads, kept for one capture (cleared when it starts again)."""
 
     kept: dict[int, Kept] = field(default_factory=dict)
+    # the processes found not moved all through the last read: the same processes as at
+    # the read before (a pid taken by a new process would have its own counters)
+    confirmed: set[int] = field(default_factory=set)
 
     def still(self, pid: int) -> Kept | None:
         """pid's last read when it has not moved since (one read of /proc/PID/schedstat)."""
