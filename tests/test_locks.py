@@ -40,7 +40,7 @@ from typing import IO, Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, cluster_for, stop_early, took_lost_path, until
+from helpers import CHECKOUT, WAITS_BT, cluster_for, stop_early, took_lost_path, until
 from test_waits import wait_attached
 
 from pgprobe import kernelbtf
@@ -72,7 +72,7 @@ SELECT l.locktype, l.database::bigint, l.relation::bigint, l.mode,
 # a row of the scripts' @unseen: kind, tid (d/waits.d prints tab-separated columns)
 UNSEEN_ROW = re.compile(r"@unseen(?:\[|\t)\d+(?:, |\t)(\d+)(?:\]: |\t)\d+$")
 # The scripts by hand lose events on this shared 2-CPU machine as pgprobe's bpftrace time
-# model does (test_waits: 2-4 runs of 5 name a lost pid), and say so in @unseen
+# model does (1-5 runs of 5 name a lost pid; helpers.WAITS_BT), and say so in @unseen
 SCRIPT_LOST_SHARE = 0.8
 # a row of bpf/waits.bt's (and d/waits.d's) lock maps: tid, mode, type, field1-4
 SCRIPT_ROW = re.compile(r"@lock_(ns|waits|max)(?:\[|\t)(\d+(?:(?:, |\t)\d+){6})(?:\]: |\t)(\d+)$")
@@ -239,7 +239,7 @@ def check_script_locks(scene: Scene, lines: list[str], major: int, engine: str) 
     script names in @unseen (events lost) at most its truth + 2 %, the run counted."""
     got, lost = script_locks(lines), script_lost(lines)
     took_lost_path(f"{engine} by hand: lock waits", bool(lost & set(scene.queued)),
-                   SCRIPT_LOST_SHARE)  # fmt: skip
+                   SCRIPT_LOST_SHARE, WAITS_BT if engine == "waits.bt" else None)  # fmt: skip
     for pid, queued in scene.queued.items():
         mine = got.get(pid, {})
         seen = set()

@@ -57,6 +57,7 @@ import pytest
 from helpers import (
     CHECKOUT,
     QUERIES_BPF_LINKS,
+    WAITS_BT,
     bpf_link_fds,
     cluster_for,
     need,
@@ -230,7 +231,8 @@ def test_three_statements_against_their_truths(pg_build: PgBuild, tracing: None)
             "on_cpu": [int(truth["pid"])]}  # fmt: skip
     print(f"waits.bt by hand: {by_script} (between the statements {between}); lost {lost}")
     exact = {name: not lost & set(pids[name]) for name in pids}
-    took_lost_path("waits.bt by hand: statements", not all(exact.values()), SCRIPT_LOST_SHARE)
+    took_lost_path("waits.bt by hand: statements", not all(exact.values()), SCRIPT_LOST_SHARE,
+                   WAITS_BT)  # fmt: skip
     for name, want in (("slept", 2.0), ("locked", 3.0)):
         got = by_script[name]
         assert abs(got - want) <= TOLERANCE * want or (not exact[name] and got <= high * want), (

@@ -35,6 +35,7 @@ import psycopg
 import pytest
 from helpers import (
     LOST_PATH_SHARE,
+    WAITS_BT,
     cluster_for,
     steal_seconds_since,
     steal_ticks,
@@ -204,7 +205,8 @@ def _capture(pg: PgCluster, engine: str) -> Capture:
     # as test_waits allows it): its exact checks must hold in one run of five at least. The
     # compiled form lost none here.
     took_lost_path(f"waits runqueue split ({engine})", bool(lost),
-                   0.8 if engine == "bpftrace" else LOST_PATH_SHARE)  # fmt: skip
+                   0.8 if engine == "bpftrace" else LOST_PATH_SHARE,
+                   WAITS_BT if engine == "bpftrace" else None)  # fmt: skip
     return Capture(
         engine, doc, pids,
         {n: ((after[n][0] - before[n][0]) / 1e3, (after[n][1] - before[n][1]) / 1e3)

@@ -44,6 +44,7 @@ from helpers import (
     CHECKOUT,
     LOST_PATH_SHARE,
     WAITS_BPF_LINKS,
+    WAITS_BT,
     bpf_link_fds,
     bpftrace_child,
     cluster_for,
@@ -422,7 +423,8 @@ def test_time_model_against_truth(
     # a capture; the compiled form: none) and names a pid lost in 2-4 runs of 5 (two runs on
     # every build, a shared machine): its exact check must hold in one run of five at least.
     took_lost_path(f"waits time model ({engine})", bool(lost) or bool(doc["meta"]["missed_runs"]),
-                   0.8 if engine == "bpftrace" else LOST_PATH_SHARE)  # fmt: skip
+                   0.8 if engine == "bpftrace" else LOST_PATH_SHARE,
+                   WAITS_BT if engine == "bpftrace" else None)  # fmt: skip
     sleep_s = total_us(rows, pids["sleeper"], "wait", "Timeout", "PgSleep") / 1e6
     print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")
     exact_or_reported(rows, pids["sleeper"], sleep_s, 2.0, lost)
