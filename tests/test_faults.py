@@ -128,22 +128,22 @@ def test_tracer_killed_after_intervals_keeps_them_marked_partial(busy: PgCluster
 def test_triage_goes_on_without_a_killed_part(busy: PgCluster, tmp_path: Path) -> None:
     """One of triage's captures killed: the report is written, says which part and why."""
     report = tmp_path / "r.html"
-    # --unwind fp and --engine bpftrace: all four parts are bpftrace processes (auto would
+    # --unwind fp and --engine bpftrace: all three parts are bpftrace processes (auto would
     # sample with perf here, and run the time model from its compiled object, in pgprobe)
     argv = ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json"]
     run = start_pgprobe([*argv, "--unwind", "fp", "--engine", "bpftrace"])
-    wait_attached(run.pid, count=4)
-    (lwlock_tracer,) = tracers(run.pid, "lwlock_wait.bt")
-    os.kill(lwlock_tracer, signal.SIGKILL)
+    wait_attached(run.pid, count=3)
+    (slru_tracer,) = tracers(run.pid, "clog_reads_uprobe.bt")
+    os.kill(slru_tracer, signal.SIGKILL)
     out, err = run.communicate(timeout=240)
     assert run.returncode == 0, err
     doc = json.loads(out)
-    assert doc["lwlocks"] is None
-    assert doc["hot"] is not None and doc["clog_reads"] is not None
-    assert sorted(doc["meta"]["parts"]) == ["clog_reads", "profile", "waits"]
-    why = [w for w in doc["meta"]["warnings"] if w.startswith("lwlocks produced nothing")]
+    assert doc["clog_reads"] is None
+    assert doc["hot"] is not None and doc["lwlocks"] is not None  # the time model's table
+    assert sorted(doc["meta"]["parts"]) == ["profile", "waits"]
+    why = [w for w in doc["meta"]["warnings"] if w.startswith("clog_reads produced nothing")]
     assert why and "bpftrace was killed by signal 9 (SIGKILL)" in why[0], doc["meta"]["warnings"]
-    missing = [f for f in doc["findings"] if f["id"] == "capture.missing.lwlocks"]
+    missing = [f for f in doc["findings"] if f["id"] == "capture.missing.clog_reads"]
     assert missing and "killed by signal 9" in missing[0]["evidence"]
     assert "killed by signal 9" in report.read_text()
 
@@ -196,11 +196,11 @@ def test_tools_print_what_the_probes_collected_when_the_server_stops(busy: PgClu
 def test_triage_report_is_cut_where_the_server_went_away(busy: PgCluster, tmp_path: Path) -> None:
     """pg_ctl stop 3 s into triage -d 8: the report is written, SQL cut there, a finding."""
     report = tmp_path / "r.html"
-    # --unwind fp and --engine bpftrace: all four parts are bpftrace processes (auto would
+    # --unwind fp and --engine bpftrace: all three parts are bpftrace processes (auto would
     # sample with perf here, and run the time model from its compiled object, in pgprobe)
     argv = ["triage", *busy.conn_args, "-d", "8", "-o", str(report), "--json"]
     run = start_pgprobe([*argv, "--unwind", "fp", "--engine", "bpftrace"])
-    wait_attached(run.pid, count=4)
+    wait_attached(run.pid, count=3)
     time.sleep(2)
     pg_ctl_stop(busy)
     stopped = time.monotonic()

@@ -2,7 +2,8 @@
 
 One function per section, ``doc -> dict``: the numbers written out, the rows as ``Table``s,
 and ``unavailable`` (the reason, from ``meta.warnings``) when the section's data is null.
-No markup here; the wording around the numbers is in the templates.
+No markup here; the wording around the numbers is in the templates. Kept in one module
+(~400 lines): one short function per section of one report, sharing its column lists.
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ def lwlocks(doc: Mapping[str, Any]) -> dict[str, Any]:
     view = [{**r, "total_ms": num(r.get("total_us")) / 1000} for r in rows]
     return {
         "unavailable": None,
+        "title": str(meta.get("title") or ""),  # the scheduler's: what it measured
         "waits": int_text(sum(num(r.get("waits")) for r in rows)),
         "total_s": f"{total_s:,.3f}",
         "duration": f"{duration:.1f}",

@@ -16,7 +16,7 @@ whose avg_us is null. The title and meta.source say which source was measured.
 
 probe.py (script, maps, parameters, the source, `start`), records.py (records, rows),
 view.py (the table), command.py (the CLI). Triage and serve use `check_server`,
-`start`, `records` and `rows` from here.
+`wanted_source`, `start`, `records`, `sleep_records`, `sched_meta` and `rows` from here.
 """
 
 from pgprobe.tools.lwlocks.command import NAME, add_parser, emit, run
@@ -32,12 +32,14 @@ from pgprobe.tools.lwlocks.probe import (
     script_args,
     start,
     start_sleeps,
+    wanted_source,
 )
 from pgprobe.tools.lwlocks.records import (
     WaitRecord,
     WaitRow,
     records,
     rows,
+    sched_meta,
     sleep_records,
     sleeps_warning,
     unmatched_warning,
@@ -59,6 +61,7 @@ __all__ = [
     "pick_source",
     "records",
     "rows",
+    "sched_meta",
     "script_args",
     "sleep_records",
     "sleeps_warning",
@@ -66,4 +69,5 @@ __all__ = [
     "start_sleeps",
     "run",
     "unmatched_warning",
+    "wanted_source",
 ]

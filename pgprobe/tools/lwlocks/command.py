@@ -23,12 +23,10 @@ from pgprobe.tools.lwlocks.probe import (
     start_sleeps,
 )
 from pgprobe.tools.lwlocks.records import (
-    SLEEPS_TITLE,
-    WAITS_TITLE,
     WaitRow,
-    measures_waits,
     records,
     rows,
+    sched_meta,
     sleep_records,
     sleeps_warning,
     unmatched_warning,
@@ -128,11 +126,8 @@ def emit(
     if warning and warning not in info.warnings:
         info.warnings.append(warning)
     extra: dict[str, Any] = {"source": source}
-    if source == SCHED and measures_waits(snapshot):
-        mode = "read" if modes_read else "unknown"
-        extra.update(measures="sleep and runqueue after", mode=mode, title=WAITS_TITLE)
-    elif source == SCHED:
-        extra.update(measures="sleeps", mode="unknown", title=SLEEPS_TITLE)
+    if source == SCHED:
+        extra.update(sched_meta(snapshot, modes_read))
     else:
         limit = getattr(ns, "max_events_per_sec", 0)
         extra.update(stop.meta(limit) if stop else guard.no_guard_meta(limit))

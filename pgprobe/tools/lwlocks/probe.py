@@ -48,16 +48,24 @@ DEFAULT_MAX_FIRES_PER_S = 1000
 MAX_FIRES_LIMIT = 2**31 - 1
 
 
-def pick_source(ns: argparse.Namespace, targets: Targets) -> str:
-    """USDT or SCHED for this server, as asked (--source) or by cost (auto: the scheduler,
+def wanted_source(ns: argparse.Namespace, targets: Targets) -> str:
+    """The source, "usdt" or "sched", as asked (--source) or by cost (auto: the scheduler,
     which stays attached on a busy server at no cost per wait; USDT on 13, which has no
-    time model)."""
+    time model, and with DTrace), before any check of the server."""
+    wanted = str(getattr(ns, "source", "auto"))
+    if wanted != "auto":
+        return wanted
     cluster = targets.cluster
-    wanted = getattr(ns, "source", "auto")
+    old = bool(cluster.version_num) and cluster.major < min(waitevents.MAJORS)
     dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
-    if wanted == "auto":
-        old = bool(cluster.version_num) and cluster.major < min(waitevents.MAJORS)
-        wanted = "usdt" if old or dtrace else "sched"
+    return "usdt" if old or dtrace else "sched"
+
+
+def pick_source(ns: argparse.Namespace, targets: Targets) -> str:
+    """USDT or SCHED for this server (wanted_source), checked: a one-line refusal when
+    the server or the engine cannot give it."""
+    dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
+    wanted = wanted_source(ns, targets)
     if wanted == "usdt":
         check_server(targets)
         return USDT

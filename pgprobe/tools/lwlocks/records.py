@@ -142,6 +142,14 @@ def measures_waits(snapshot: Snapshot) -> bool:
     return waits_records.woken_after_measured(snapshot)
 
 
+def sched_meta(snapshot: Snapshot, modes_read: bool) -> dict[str, str]:
+    """The scheduler source's words in meta: what it measured, the modes, the title."""
+    if measures_waits(snapshot):
+        mode = "read" if modes_read else "unknown"
+        return {"measures": "sleep and runqueue after", "mode": mode, "title": WAITS_TITLE}
+    return {"measures": "sleeps", "mode": "unknown", "title": SLEEPS_TITLE}
+
+
 def _sleep_ns(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int, int], int]:
     """(tid, wait_event_info) -> ns asleep: @wait_ns plus the running totals in @task
     (woken: the runqueue time after those sleeps instead)."""

@@ -76,6 +76,18 @@ def asked_for(row: object) -> Asked | str:
     return Asked(f"statement {row.query_id}", tuple(sorted(row.pids)), row.query_id)
 
 
+def page_lines(sampler: CpuSampler | None, row: object) -> list[str]:
+    """The details page's lines for a row's CPU functions: the hint of `c`, the sample under
+    way or its result; none where `c` does not apply."""
+    asked = asked_for(row)
+    if sampler is None or isinstance(asked, str):
+        return []
+    sampled = sampler.shown_for(asked)
+    if sampled is None:
+        return ["", f"c: the CPU functions of {asked.label} ({SECONDS:g} s sample)"]
+    return ["", *sampled.lines()]
+
+
 class CpuSampler:
     """One CPU sample at a time, in a thread; the last one's result kept for the page."""
 

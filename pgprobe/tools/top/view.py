@@ -345,16 +345,7 @@ class Screen:
         row = rows[min(state.selected, len(rows) - 1)]
         for line in detail_lines(state.view, row, frame):
             yield Text(literal_lines(line), no_wrap=False)
-        asked = cpu.asked_for(row)
-        if isinstance(asked, str) or self.cpu is None:
-            return
-        yield Text("")
-        sampled = self.cpu.shown_for(asked)
-        if sampled is None:
-            yield Text(f"c: the CPU functions of {asked.label} ({cpu.SECONDS:g} s sample)",
-                       style="dim")  # fmt: skip
-            return
-        for line in sampled.lines():
+        for line in cpu.page_lines(self.cpu, row):  # names from binaries: one line each
             yield Text(literal(line), no_wrap=False)
 
     def _keys(self, width: int) -> Text:

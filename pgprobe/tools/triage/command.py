@@ -22,7 +22,7 @@ from pgprobe.findings import findings_json
 from pgprobe.pgstats import relnames, statements
 from pgprobe.pgstats.locks import LockSampler
 from pgprobe.render import flamegraph, report
-from pgprobe.tools import common, flame, profiling
+from pgprobe.tools import common, flame, lwlocks, profiling
 from pgprobe.tools.locks import records as locks_records
 from pgprobe.tools.locks import trees as locks_trees
 from pgprobe.tools.queries import records as query_records
@@ -71,7 +71,7 @@ def run(ns: argparse.Namespace) -> int:
     targets = common.prepare(ns, lambda _targets: None)
     if targets.cluster.conninfo is None:
         raise PgprobeError("triage needs a connection to PostgreSQL (-h/-p/-U)", EXIT_USAGE)
-    doc = capture_window(ns, targets, STARTERS)
+    doc = capture_window(ns, targets, starters(ns, targets))
     profile = doc.pop("_profile", None)
     flame_svg = None
     if profile is not None:
@@ -138,6 +138,8 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
     if sampler is not None:
         sampler.start()
 
+    lwlock_table = _lwlocks_from_model(ns, targets)
+
     def section(snapshot: Snapshot, info: RunInfo) -> dict[str, Any]:
         slept_in = waits_targets.asleep_all_along(targets, runs_before)
         alive = waits_targets.present(discovered)
@@ -170,9 +172,41 @@ def waits_part(ns: argparse.Namespace, targets: Targets) -> parts.Part:
             out["statements"]["query_ids"] = not dimension.text_hash
         if "lock_ns" in snapshot.maps:
             out["locks"] = _locks_section(snapshot, procs, targets, sampler)
+        if lwlock_table:
+            out["_also"] = {"lwlocks": _lwlocks_section(snapshot, info, targets)}
         return out
 
     return parts.Part("waits", capture, section, late=True)
+
+
+def _lwlocks_from_model(ns: argparse.Namespace, targets: Targets) -> bool:
+    """Whether the LWLock table comes from the time model (lwlocks' default source: it
+    costs per context switch, not per wait; no LWLock probes, unguarded, on a busy server)
+    rather than from its own USDT capture (13, DTrace: the lwlocks part)."""
+    if lwlocks.wanted_source(ns, targets) != "sched":
+        return False
+    try:
+        waits_probe.check_server(targets)  # the time model runs here
+    except PgprobeError:
+        return False
+    return True
+
+
+def _lwlocks_section(snapshot: Snapshot, info: RunInfo, targets: Targets) -> dict[str, Any]:
+    """`pgprobe lwlocks`' document from the time model's LWLock sleeps (each with the
+    runqueue time after it where measured); the mode is not read here (unknown)."""
+    recs = lwlocks.sleep_records(snapshot, targets.cluster.major, clipped=False)
+    meta = common.meta(targets, info, snapshot, source=lwlocks.SCHED,
+                       **lwlocks.sched_meta(snapshot, modes_read=False))  # fmt: skip
+    return {"meta": meta, "rows": [r.as_json() for r in lwlocks.rows(recs, targets, False)]}
+
+
+def starters(ns: argparse.Namespace, targets: Targets) -> list[tuple[str, parts.Starter]]:
+    """The parts this triage runs: the LWLock probes only where the time model's sleeps
+    are not the LWLock table."""
+    if not _lwlocks_from_model(ns, targets):
+        return STARTERS
+    return [(name, start) for name, start in STARTERS if name != "lwlocks"]
 
 
 def _query_dimension(

@@ -107,6 +107,7 @@ def capture_window(
         # meta, the flame graph's subtitle).
         info.interrupted = ran.interrupted
         section = part.section(snapshot, info)
+        doc.update(section.pop("_also", {}))  # the time model's LWLock table (lwlocks)
         losses[part.name] = info.lost_events + info.failed_map_updates + section.pop("_lost", 0)
         if info.ended_early:
             warnings.append(f"{part.name} is partial: {info.ended_early}")
