@@ -304,7 +304,13 @@ def exact_or_reported(
     break in the CPU's chain of switches and names the process (meta lost_pids).
     """
     if pid not in lost:
-        assert near(measured_s, truth_s), (pid, measured_s, truth_s)
+        # its rows by event, for the reader of a failure: where the missing time went
+        mine: dict[str, float] = {}
+        for r in rows:
+            if r["pid"] == pid:
+                key = f"{r['category']}/{r.get('wait_event') or ''}"
+                mine[key] = round(mine.get(key, 0.0) + r["total_us"] / 1e6, 6)
+        assert near(measured_s, truth_s), (pid, measured_s, truth_s, mine)
         return
     gone_s = total_us(rows, pid, "not accounted") / 1e6
     print(f"pid {pid}: events lost: {measured_s:.4f} s, not accounted {gone_s:.4f} s")
@@ -756,8 +762,10 @@ def test_interval_restarts_the_tracer_past_the_exited_bound(waits_cluster: PgClu
     lost = set().union(*(d["meta"]["lost_pids"] for d in docs))
     sleep_s = sum(total_us(d["rows"], pid, "wait", "Timeout", "PgSleep") for d in docs) / 1e6
     windows = [round(d["meta"]["window_s"], 3) for d in docs]
+    refused = sum(d["meta"].get("failed_map_updates", 0) for d in docs)
+    unseen = [d["meta"]["unseen_events"] for d in docs if any(d["meta"]["unseen_events"].values())]
     print(f"\nwindows {windows}; untraced {gaps} s; PgSleep {sleep_s:.4f} s (truth 4.0); "
-          f"stderr {err.strip()!r}")  # fmt: skip
+          f"refused updates {refused}; unseen {unseen}; stderr {err.strip()!r}")  # fmt: skip
     assert len(gaps) == 1 and 0 < gaps[0] < 60, gaps
     took_lost_path("waits tracer restart", pid in lost)
     exact_or_reported([r for d in docs for r in d["rows"]], pid, sleep_s, 4.0, lost)
