@@ -43,9 +43,20 @@ DURATION_S = 1
 # file for tools that write one.
 TOOLS: dict[str, list[str]] = {
     "flame": ["flame", "-d", str(DURATION_S), "-o", "{out}.svg"],
-    # bpftrace's profile.bt rather than perf (auto picks perf where a library lacks frame
-    # pointers, as on Debian's 15)
+    # the frame-pointer sampler rather than perf (auto picks perf where a library lacks
+    # frame pointers, as on Debian's 15): bpf/profile.bpf.c compiled, or profile.bt
     "flame-fp": ["flame", "-d", str(DURATION_S), "--unwind", "fp", "-o", "{out}.svg"],
+    "flame-fp-bpftrace": [
+        "flame",
+        "-d",
+        str(DURATION_S),
+        "--unwind",
+        "fp",
+        "--engine",
+        "bpftrace",
+        "-o",
+        "{out}.svg",
+    ],  # fmt: skip
     "lwlocks": ["lwlocks", "-d", str(DURATION_S)],
     "waits": ["waits", "-d", str(DURATION_S)],
     "clog-reads": ["clog-reads", "-d", str(DURATION_S)],
@@ -144,6 +155,8 @@ def run_tool(
         "exit": os.waitstatus_to_exitcode(status),
         "wall_s": round(wall, 4),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 4),
+        # the largest resident set of pgprobe and the tracers it waited for (not their sum)
+        "max_rss_mib": round(usage.ru_maxrss / 1024, 1),
         "phases": phases,
         "stderr": others[-5:],
     }
@@ -191,7 +204,8 @@ def summarize(results: list[dict[str, Any]]) -> str:
         lines.append(
             f"{tool} [{code}] ({runs[0]['idle']} idle + {runs[0]['active']} active, "
             f"{len(runs)} runs, exit {exits}): wall {statistics.median(walls):.2f} s "
-            f"[{min(walls):.2f}-{max(walls):.2f}], CPU {statistics.median(cpus):.2f} s"
+            f"[{min(walls):.2f}-{max(walls):.2f}], CPU {statistics.median(cpus):.2f} s, "
+            f"max RSS {statistics.median(r.get('max_rss_mib', 0.0) for r in runs):.0f} MiB"
         )
         phases: dict[str, list[tuple[float, float]]] = {}
         for r in runs:

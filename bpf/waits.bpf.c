@@ -41,7 +41,7 @@
  *   $1, $2, $4, $5, $6 as `const volatile` globals below, set by pgprobe before load.
  *
  * EXAMPLE:
- *   # scripts/build-bpf && pgprobe waits -d 5 --engine libbpf
+ *   # scripts/build-bpf && pgprobe waits -d 5
  *   (a real run: samples/waits_libbpf_example.txt)
  *
  * Part of pgprobe.
@@ -51,6 +51,8 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+
+#include "scalars.h"
 
 typedef _Bool bool;
 #define true 1
@@ -382,12 +384,7 @@ struct {
  * [1] map updates refused (a map full), said by pgprobe
  */
 enum { WINDOW_NS, REFUSED };
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, __u64);
-} scalars SEC(".maps");
+SCALARS(2);
 
 static __always_inline bool ours(struct task_struct *t)
 {

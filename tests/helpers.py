@@ -154,6 +154,20 @@ def perf_event_fds(pid: int) -> int:
     return _fds_named(pid, "anon_inode:[perf_event]")
 
 
+def cpu_sampler(pgprobe_pid: int) -> str | None:
+    """Which CPU sampler pgprobe `pgprobe_pid` runs, once it samples: "compiled"
+    (bpf/profile.bpf.c in pgprobe itself: a BPF link per CPU's perf event) or "bpftrace"
+    (its child: one output-buffer event per CPU at start, then one profile:hz event per
+    CPU and one for interval:s:1 when it attaches); None until then."""
+    cpus = os.cpu_count() or 1
+    if bpf_link_fds(pgprobe_pid) >= cpus:
+        return "compiled"
+    child = bpftrace_child(pgprobe_pid)
+    if child is not None and perf_event_fds(child) >= 2 * cpus + 1:
+        return "bpftrace"
+    return None
+
+
 TRIAGE_FIXTURES = Path(__file__).parent / "fixtures" / "triage"
 
 

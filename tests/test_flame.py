@@ -40,8 +40,7 @@ import pytest
 from helpers import (
     CHECKOUT,
     assert_samples_match_cpu,
-    bpftrace_child,
-    perf_event_fds,
+    cpu_sampler,
     run_pgprobe,
     steal_seconds_since,
     steal_ticks,
@@ -57,7 +56,7 @@ QUERY = (
     "SELECT sum(hashtext(repeat(g::text || repeat('abcdefghij', 10), 20))) "
     "FROM (SELECT generate_series(1, 2000000000) AS g) s"
 )
-FP = ("--unwind", "fp")  # these tests check the frame-pointer walk (bpftrace)
+FP = ("--unwind", "fp")  # these tests check the frame-pointer walk (compiled, or bpftrace)
 HOT = "hash_bytes"  # the function that query spends its CPU in
 QUERY_FUNCTIONS = {"hash_bytes", "repeat", "hashtext", "textcat", "int4out", "pg_ltoa"}
 HEX_FRAME = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")
@@ -85,24 +84,19 @@ def start_pgprobe(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_sampling(probe: subprocess.Popen[str], timeout: float = 60) -> None:
-    """Until pgprobe's bpftrace samples: its perf events are open.
-
-    bpftrace 0.17 opens one output-buffer event per CPU at start, then one
-    profile:hz event per CPU and one for interval:s:1 when it attaches.
-    """
-    wanted = 2 * (os.cpu_count() or 1) + 1
+def wait_sampling(probe: subprocess.Popen[str], timeout: float = 60) -> str:
+    """Until pgprobe samples (helpers.cpu_sampler); which sampler it runs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if probe.poll() is not None:
             pytest.fail(f"pgprobe ended before sampling: {probe.communicate()[1]}")
-        child = bpftrace_child(probe.pid)
-        if child is not None and perf_event_fds(child) >= wanted:
+        sampler = cpu_sampler(probe.pid)
+        if sampler is not None:
             time.sleep(0.3)
-            return
+            return sampler
         time.sleep(0.05)
     probe.send_signal(signal.SIGINT)
-    pytest.fail(f"bpftrace did not attach within {timeout} s: {probe.communicate()[1]}")
+    pytest.fail(f"pgprobe did not start sampling within {timeout} s: {probe.communicate()[1]}")
 
 
 def stop(probe: subprocess.Popen[str]) -> tuple[str, str]:
@@ -205,14 +199,18 @@ def busy(cluster: PgCluster, backend: tuple[psycopg.Connection[Any], int]) -> It
 # -- capture tests ---------------------------------------------------------------------------
 
 
+# Both forms of the sampler against the same truth: bpf/profile.bpf.c compiled (the default
+# once scripts/build-bpf built it; the test insists it ran) and bpf/profile.bt.
+@pytest.mark.parametrize("engine", ["compiled", "bpftrace"])
 def test_flame_folded_is_the_query_and_counts_its_cpu_time(
-    cluster: PgCluster, backend: tuple[psycopg.Connection[Any], int]
+    cluster: PgCluster, backend: tuple[psycopg.Connection[Any], int], engine: str
 ) -> None:
     conn, pid = backend
     hz = 997  # ~2000 samples: 10 % is 4 sigma even when preemption makes sampling random
+    form = ["--engine", "bpftrace"] if engine == "bpftrace" else []
     probe = start_pgprobe("flame", *cluster.conn_args, *FP, "--pid", str(pid), "-F", str(hz),
-                          "-d", "60", "--folded")  # fmt: skip
-    wait_sampling(probe)
+                          "-d", "60", "--folded", *form)  # fmt: skip
+    assert wait_sampling(probe) == engine
     before, steal_before = cpu_seconds(pid), steal_ticks()
     run_query(conn, pid, 2.0)  # idle before and after: all there is to sample
     cpu_s, steal_s = cpu_seconds(pid) - before, steal_seconds_since(steal_before)

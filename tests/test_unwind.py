@@ -47,6 +47,7 @@ import pytest
 from helpers import (
     CHECKOUT,
     assert_samples_match_cpu,
+    cpu_sampler,
     need,
     perf_event_fds,
     run_pgprobe,
@@ -188,14 +189,20 @@ def _capture_window(cluster: PgCluster, pid: int, unwind: str, cpu_target: float
          "--unwind", unwind, "-F", str(hz), "-d", "600", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
     )  # fmt: skip
-    sampler = "bpftrace" if unwind == "fp" else "perf"
-    wanted = 1 if sampler == "perf" else 2 * (os.cpu_count() or 1) + 1
+    if unwind == "fp":  # the compiled sampler in pgprobe, or bpftrace (helpers.cpu_sampler)
+        deadline = time.monotonic() + 60
+        while cpu_sampler(probe.pid) is None:
+            assert probe.poll() is None, probe.communicate()[1]
+            assert time.monotonic() < deadline, "pgprobe did not start sampling"
+            time.sleep(0.05)
+        time.sleep(0.5)
+    else:
 
-    def sampler_pid() -> int | None:
-        return next((c for c in proc.children(probe.pid)
-                     if (info := proc.read_info(c)) and info.comm == sampler), None)  # fmt: skip
+        def sampler_pid() -> int | None:
+            return next((c for c in proc.children(probe.pid)
+                         if (info := proc.read_info(c)) and info.comm == "perf"), None)  # fmt: skip
 
-    wait_sampling(probe, sampler_pid, wanted, sampler)
+        wait_sampling(probe, sampler_pid, 1, "perf")
     # CPU time, not wall time: the machine is shared, the backend may get a small share.
     before, steal_before = cpu_seconds(pid), steal_ticks()
     os.kill(pid, signal.SIGCONT)

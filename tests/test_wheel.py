@@ -77,16 +77,18 @@ def fresh_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def test_wheel_carries_the_compiled_object(fresh_wheel: Path) -> None:
+def test_wheel_carries_the_compiled_objects(fresh_wheel: Path) -> None:
     """The object, as an eBPF ELF file, and a tag for this platform (the object is built
     for its byte order and architecture)."""
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     assert fresh_wheel.name.endswith(f"-py3-none-{platform}.whl"), fresh_wheel.name
     with zipfile.ZipFile(fresh_wheel) as whl:
-        obj = whl.read(OBJECT)
+        objs = [whl.read(OBJECT), whl.read(OBJECT.replace("waits", "profile"))]
         wheel_meta = whl.read("pgprobe-0.1.0.dist-info/WHEEL").decode()
-        assert "pgprobe/bpf/waits.bt" in whl.namelist()  # the fallback, still there
-    assert obj[:4] == b"\x7fELF" and int.from_bytes(obj[18:20], sys.byteorder) == 247  # EM_BPF
+        assert "pgprobe/bpf/waits.bt" in whl.namelist()  # the fallbacks, still there
+        assert "pgprobe/bpf/profile.bt" in whl.namelist()
+    for obj in objs:
+        assert obj[:4] == b"\x7fELF" and int.from_bytes(obj[18:20], sys.byteorder) == 247  # EM_BPF
     assert "Root-Is-Purelib: false" in wheel_meta and f"Tag: py3-none-{platform}" in wheel_meta
 
 

@@ -18,19 +18,59 @@ none of its events is missed meanwhile).
 
 from __future__ import annotations
 
+import argparse
 import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pgprobe import timings
+from pgprobe import engines, scripts, timings
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import Event, RunInfo, Snapshot, TickCallback
 from pgprobe.engines.runner import TICK_S, StopSignals
 from pgprobe.errors import EXIT_TRACER, PgprobeError
+from pgprobe.scripts import script_path
 
 # What a tool makes of the object's maps: one snapshot (and what RunInfo should say of them).
 Reader = Callable[[libbpf.BpfObject, RunInfo], Snapshot]
+
+
+def object_path(name: str) -> Path | None:
+    """An object (e.g. "waits.bpf.o"): the installed wheel's (pgprobe/bpf/build/), or the
+    checkout's (bpf/build/, scripts/build-bpf); None when it is not built."""
+    try:
+        return script_path("bpf", f"build/{name}")
+    except PgprobeError:
+        return None
+
+
+def not_built(name: str) -> str:
+    """Why there is no object, in one line: where it would come from here."""
+    if scripts.installed():
+        return (f"bpf/build/{name} is not built (the installed wheel lacks it: built with "
+                "PGPROBE_WHEEL_BPF=0, without clang)")  # fmt: skip
+    return f"bpf/build/{name} is not built (scripts/build-bpf builds it with clang)"
+
+
+def how_to_build() -> str:
+    """What makes the objects here: doctor's fix."""
+    if scripts.installed():
+        return (
+            "install a wheel built where clang and libbpf-dev are (not with "
+            "PGPROBE_WHEEL_BPF=0), or run pgprobe from a checkout after scripts/build-bpf"
+        )
+    return "sudo scripts/build-bpf (needs clang and libbpf-dev)"
+
+
+def why_not(ns: argparse.Namespace, name: str) -> str | None:
+    """Why object `name` is not used for this capture (None: it is); "" = not said (DTrace,
+    or --engine bpftrace asked for the script)."""
+    engine = getattr(ns, "engine", "auto")
+    if engine == "bpftrace" or engines.choose(engine) != "bpftrace":
+        return ""
+    if object_path(name) is None:
+        return not_built(name)
+    return libbpf.unavailable()
 
 
 class CompiledCapture:
@@ -48,6 +88,8 @@ class CompiledCapture:
         after_attach: Callable[[libbpf.BpfObject], None] | None = None,
         off: frozenset[str] = frozenset(),
         uprobes: dict[str, tuple[str, str]] | None = None,
+        sampled: dict[str, int] | None = None,
+        every_tick: Callable[[libbpf.BpfObject], None] | None = None,
     ) -> None:
         self.path = path
         self.rodata = rodata
@@ -59,14 +101,16 @@ class CompiledCapture:
         # The fraction of each interval the programs run (1: all the time); needs an interval.
         self.duty = duty if self.interval else 1.0
         self.on_tick: TickCallback | None = None
+        self.every_tick = every_tick  # the object's own work at each tick (a ring buffer read)
         self.info = RunInfo(engine="libbpf", engine_version=libbpf.version())
         self._stop = False
         # Loaded (verified) here, attached by events(): a kernel that refuses the object
         # raises LibbpfError now, and the tool can run its bpftrace script instead.
         self._started = time.monotonic()
         timings.mark("libbpf-spawned")  # loading starts (the marks the bench reads in pairs)
-        # off: programs not asked for; uprobes: where the uprobe programs attach
-        self._obj = libbpf.BpfObject(self.path, self.rodata, off, uprobes)
+        # off: programs not asked for; uprobes: where the uprobe programs attach; sampled:
+        # the perf_event programs' Hz
+        self._obj = libbpf.BpfObject(self.path, self.rodata, off, uprobes, sampled)
 
     def request_stop(self) -> None:
         self._stop = True
@@ -96,6 +140,8 @@ class CompiledCapture:
                 if next_print is not None and now >= next_print:
                     next_print += self.interval  # type: ignore[operator]
                     yield self._snapshot(obj, final=False)
+                if self.every_tick is not None:
+                    self.every_tick(obj)
                 if self.on_tick is not None:
                     self.on_tick(self.info, remaining)
                 waits = [TICK_S]

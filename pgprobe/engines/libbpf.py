@@ -10,9 +10,9 @@ bpftrace's own dependency, so present wherever bpftrace is, and nothing to build
 Every failure is a LibbpfError of one line; libbpf's own messages never reach the
 terminal: they are kept in BpfObject.log.
 
-Kept in one module (~430 lines): the prototypes, the object's life (open, load, attach)
-and its map reads (in batches where the kernel has them) share one library handle, one
-message sink and one error path.
+Kept in one module (~500 lines): the prototypes, the object's life (open, load, attach:
+tracepoints, uprobes, perf events), its map reads (in batches where the kernel has them)
+and its ring buffers share one library handle, one message sink and one error path.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import platform
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,13 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from pgprobe.engines import perfevent
+
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 
 _V, _INT, _U32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32  # c_void_p: libbpf's opaque types
 _PRINT_FN = ctypes.CFUNCTYPE(_INT, _INT, ctypes.c_char_p, _V)  # int (*)(level, fmt, va_list)
+_SAMPLE_FN = ctypes.CFUNCTYPE(_INT, _V, _V, ctypes.c_size_t)  # int (*)(ctx, data, size)
 _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "libbpf_set_print": (_V, [_PRINT_FN]), "libbpf_get_error": (ctypes.c_long, [_V]),
     "libbpf_version_string": (ctypes.c_char_p, []),
@@ -55,6 +58,9 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_map_update_elem": (_INT, [_INT, _V, _V, ctypes.c_uint64]),
     "bpf_map_delete_elem": (_INT, [_INT, _V]),
     "bpf_map_lookup_batch": (_INT, [_INT, _V, _V, _V, _V, ctypes.POINTER(_U32), _V]),
+    "bpf_program__attach_perf_event": (_V, [_V, _INT]),
+    "ring_buffer__new": (_V, [_INT, _SAMPLE_FN, _V, _V]), "ring_buffer__consume": (_INT, [_V]),
+    "ring_buffer__free": (None, [_V]),
 }  # fmt: skip
 _LIBBPF_DEBUG = 2  # enum libbpf_print_level: WARN 0, INFO 1, DEBUG 2 (dropped, as libbpf's default)
 _PERCPU_MAPS = {5, 6, 10, 21}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
@@ -232,13 +238,16 @@ class BpfObject:
         rodata: dict[str, int],
         off: frozenset[str] = frozenset(),
         uprobes: dict[str, tuple[str, str]] | None = None,
+        sampled: dict[str, int] | None = None,
     ) -> None:
         """off: programs neither loaded nor attached (a part of the object not asked for);
         uprobes: program -> (binary, function) for its SEC("uprobe") programs, which name
-        no place of their own (libbpf finds the function's offset in the binary)."""
+        no place of their own (libbpf finds the function's offset in the binary); sampled:
+        program -> Hz for its SEC("perf_event") programs (a cpu-clock event per CPU)."""
         self.path = path
         self.off = off
         self.uprobes = uprobes or {}
+        self.sampled = sampled or {}
         self.log: list[str] = []
         self._obj: int | None = None
         self._links: list[int] = []
@@ -304,6 +313,9 @@ class BpfObject:
                 continue
             start = len(self.log)
             _sink.log = self.log
+            if name in self.sampled:
+                self._attach_sampled(name, prog, self.sampled[name])
+                continue
             if name in self.uprobes:
                 binary, function = self.uprobes[name]
                 opts = _UprobeOpts(ctypes.sizeof(_UprobeOpts), 0, 0, False, function.encode())
@@ -316,6 +328,34 @@ class BpfObject:
                 why = _cause(self.log[start:]) or os.strerror(-err or errno.ENOENT)
                 raise LibbpfError(f"cannot attach program {name} of {self.path.name}: {why}")
             self._links.append(link)
+
+    def _attach_sampled(self, name: str, prog: int, hz: int) -> None:
+        """The program on a cpu-clock event per online CPU; each link owns its event's fd."""
+        try:
+            fds = perfevent.open_cpu_clock(hz)
+        except OSError as e:
+            raise LibbpfError(f"cannot attach program {name} of {self.path.name}: {e}") from None
+        lib = _lib()
+        for i, fd in enumerate(fds):
+            start = len(self.log)
+            _sink.log = self.log
+            link = lib.bpf_program__attach_perf_event(prog, fd)
+            err = lib.libbpf_get_error(link)
+            if err or not link:
+                for left in fds[i:]:
+                    os.close(left)
+                why = _cause(self.log[start:]) or os.strerror(-err or errno.ENOENT)
+                raise LibbpfError(f"cannot attach program {name} of {self.path.name}: {why}")
+            self._links.append(link)
+
+    def ring_buffer(self, name: str, on_record: Callable[[bytes], None]) -> RingBuffer:
+        """A reader of ring buffer map `name`: each record, as bytes, to on_record."""
+        if not self._obj:
+            raise LibbpfError(f"{self.path.name} is closed")
+        m = _lib().bpf_object__find_map_by_name(self._obj, name.encode())
+        if not m:
+            raise LibbpfError(f"{self.path.name} has no map named {name}")
+        return RingBuffer(_lib().bpf_map__fd(m), on_record)
 
     def detach(self) -> None:
         """Stop every program (destroy the links); the object, its maps and their contents
@@ -429,3 +469,32 @@ class BpfObject:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class RingBuffer:
+    """libbpf's ring_buffer on one map: consume() hands each record waiting to on_record."""
+
+    def __init__(self, fd: int, on_record: Callable[[bytes], None]) -> None:
+        def call(_ctx: int | None, data: int | None, size: int) -> int:
+            if data:
+                on_record(ctypes.string_at(data, size))
+            return 0
+
+        self._callback = _SAMPLE_FN(call)  # kept: libbpf calls it until free()
+        self._rb = _lib().ring_buffer__new(fd, self._callback, None, None)
+        if not self._rb:
+            raise LibbpfError(f"cannot read a ring buffer: {os.strerror(ctypes.get_errno())}")
+
+    def consume(self) -> int:
+        """Every record waiting, handed over now; how many."""
+        if not self._rb:
+            return 0
+        got = _lib().ring_buffer__consume(self._rb)
+        if got < 0:
+            raise LibbpfError(f"cannot read a ring buffer: {os.strerror(-got)}")
+        return int(got)
+
+    def close(self) -> None:
+        if self._rb:
+            _lib().ring_buffer__free(self._rb)
+            self._rb = None

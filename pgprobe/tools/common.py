@@ -135,7 +135,8 @@ def add_capture_arguments(parser: argparse.ArgumentParser, default_duration: flo
         "--engine",
         choices=["auto", "bpftrace", "dtrace"],
         default="auto",
-        help="tracer (auto: bpftrace on Linux, dtrace on illumos, Solaris, FreeBSD, macOS)",
+        help="tracer (auto: on Linux the compiled objects where built, else bpftrace; dtrace "
+        "on illumos, Solaris, FreeBSD, macOS; bpftrace: the scripts)",
     )
 
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from pgprobe import usdt
 from pgprobe.engines import bpftrace, libbpf
+from pgprobe.engines import compiled as engine
 from pgprobe.errors import PgprobeError
 from pgprobe.tools.doctor.records import Check
-from pgprobe.tools.waits import compiled
+from pgprobe.tools.profiling import compiled as profile_compiled
+from pgprobe.tools.waits import compiled as waits_compiled
 
 MIN_BPFTRACE = (0, 12)
 CAP_PERFMON, CAP_BPF = 38, 39
@@ -71,11 +73,22 @@ def check_btf() -> Check:
 def check_compiled_waits() -> Check:
     """Whether waits (and triage's time model, serve, lwlocks' fallback) runs its compiled
     form here: the object built, and this kernel's verifier takes it (a real load)."""
-    name, fallback = "waits compiled", "waits runs bpf/waits.bt, about twice the cost per switch"
-    path = compiled.object_path()
+    return _check_object("waits compiled", waits_compiled.OBJECT,
+                         "waits runs bpf/waits.bt, about twice the cost per switch")  # fmt: skip
+
+
+def check_compiled_sampler() -> Check:
+    """Whether flame, hot (and triage's CPU part, top's CPU functions) sample from their
+    compiled object here, or start bpftrace for bpf/profile.bt."""
+    return _check_object("sampler compiled", profile_compiled.OBJECT,
+                         "flame and hot run bpf/profile.bt in bpftrace (~100 MiB)")  # fmt: skip
+
+
+def _check_object(name: str, object_name: str, fallback: str) -> Check:
+    path = engine.object_path(object_name)
     if path is None:
-        return Check(name, "warn", f"{compiled.not_built()}: {fallback}",
-                     compiled.how_to_build())  # fmt: skip
+        return Check(name, "warn", f"{engine.not_built(object_name)}: {fallback}",
+                     engine.how_to_build())  # fmt: skip
     if why := libbpf.unavailable():
         return Check(name, "warn", f"{why}: {fallback}")
     try:

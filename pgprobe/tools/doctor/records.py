@@ -24,6 +24,7 @@ NEEDS = {
     "wait event address": ("waits",),
     "backend state address": (),  # waits runs; idle in transaction is then "unknown"
     "waits compiled": (),  # waits runs bpf/waits.bt instead
+    "sampler compiled": (),  # flame and hot run bpf/profile.bt instead
 }
 # A tool that still runs, with a part left out, when another tool cannot run.
 IN_PART = {
@@ -31,6 +32,10 @@ IN_PART = {
         "waits": "from bpf/waits.bt: about twice the cost per context switch",
         "lwlocks": "from bpf/waits.bt: LWLock sleeps, without the runqueue time after them "
         "or their mode",
+    },
+    "sampler compiled": {
+        "flame": "from bpf/profile.bt: a bpftrace process (~100 MiB) and its stack map",
+        "hot": "from bpf/profile.bt: a bpftrace process (~100 MiB) and its stack map",
     },
     "usdt probes": {
         "lwlocks": "without --source usdt (exact counts per wait)",

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pgprobe import proc, timings
 from pgprobe.discover import Backend, Targets
+from pgprobe.engines import compiled as engine
+from pgprobe.engines import libbpf
 from pgprobe.engines.base import (
     Capture,
     Event,
@@ -21,7 +23,7 @@ from pgprobe.engines.base import (
 from pgprobe.errors import EXIT_TRACER, EXIT_USAGE, PgprobeError
 from pgprobe.symbolize import Symbolizer
 from pgprobe.tools import bystatement, common
-from pgprobe.tools.profiling import statements
+from pgprobe.tools.profiling import compiled, statements
 from pgprobe.tools.profiling.naming import name_stacks
 from pgprobe.tools.profiling.options import (
     MAPS,
@@ -209,11 +211,25 @@ def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
             "BPFTRACE_NO_USER_SYMBOLS": "1",
             "BPFTRACE_MAP_KEYS_MAX": str(map_keys(ns.duration, ns.hz)),
         }
-        args = script_args(targets, ns.hz, ns.kernel, where)
-        running = common.capture(ns, SCRIPT, args, MAPS, env=env)
+        running = _sampler(ns, script_args(targets, ns.hz, ns.kernel, where), env)
     if watcher is not None:
         running = _Ticking(running, watcher.tick)
     return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel, mode, why, where)
+
+
+def _sampler(ns: argparse.Namespace, args: list[int | Path], env: dict[str, str]) -> Capture:
+    """bpf/profile.bpf.c compiled when it is built and loads here (no bpftrace to start, no
+    128 MiB stack map), else bpf/profile.bt, or d/profile.d; why not the object, said."""
+    why = engine.why_not(ns, compiled.OBJECT)
+    if why is None:
+        try:
+            return compiled.capture(args, ns.duration)
+        except libbpf.LibbpfError as e:
+            why = f"this kernel refused bpf/build/{compiled.OBJECT} ({e})"
+    running = common.capture(ns, SCRIPT, args, MAPS, env=env)
+    if why:
+        running.info.warnings.append(f"{why}: ran bpf/profile.bt")
+    return running
 
 
 def choose_unwind(ns: argparse.Namespace, targets: Targets) -> tuple[str, str]:

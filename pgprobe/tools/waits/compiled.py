@@ -27,18 +27,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgprobe import engines, proc, scripts, waitevents
+from pgprobe import proc, waitevents
+from pgprobe.engines import compiled as engine
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
 from pgprobe.engines.compiled import CompiledCapture
-from pgprobe.errors import PgprobeError
-from pgprobe.scripts import script_path
 from pgprobe.tools.waits import lockdim, querydim, records
 from pgprobe.tools.waits.unmoved import Unmoved
 from pgprobe.waitevents import address as waitevents_address
 from pgprobe.waitevents import backend_state, lwmode, statement
 
-OBJECT = "build/waits.bpf.o"  # under bpf/: scripts/build-bpf, or the wheel's (pgprobe/bpf/)
+OBJECT = "waits.bpf.o"  # in bpf/build/: scripts/build-bpf, or the wheel's (pgprobe/bpf/)
 WINDOW, REFUSED = 0, 1  # the object's `scalars` slots
 # The object's @task states (bpf/waits.bpf.c): not asleep then (a fork); a switch-out into
 # a sleep; pgprobe's seed: asleep with no run since, or not (running or runnable).
@@ -77,39 +76,22 @@ _BY_PAIR = ("runq_ns", "unseen")  # then wait_ns: see read()
 
 def object_path() -> Path | None:
     """The object: the installed wheel's (pgprobe/bpf/build/), or the checkout's (bpf/build/)."""
-    try:
-        return script_path("bpf", OBJECT)
-    except PgprobeError:
-        return None
+    return engine.object_path(OBJECT)
 
 
 def not_built() -> str:
     """Why there is no object, in one line: where it would come from here."""
-    if scripts.installed():
-        return (f"bpf/{OBJECT} is not built (the installed wheel lacks it: built with "
-                "PGPROBE_WHEEL_BPF=0, without clang)")  # fmt: skip
-    return f"bpf/{OBJECT} is not built (scripts/build-bpf builds it with clang)"
+    return engine.not_built(OBJECT)
 
 
 def how_to_build() -> str:
     """What makes the object here: doctor's fix."""
-    if scripts.installed():
-        return (
-            "install a wheel built where clang and libbpf-dev are (not with "
-            "PGPROBE_WHEEL_BPF=0), or run pgprobe from a checkout after scripts/build-bpf"
-        )
-    return "sudo scripts/build-bpf (needs clang and libbpf-dev)"
+    return engine.how_to_build()
 
 
 def why_not(ns: argparse.Namespace) -> str | None:
     """Why the compiled object is not used for this capture (None: it is); "" = not said."""
-    if engines.choose(getattr(ns, "engine", "auto")) != "bpftrace":
-        return ""  # DTrace
-    if getattr(ns, "engine", "auto") == "bpftrace":
-        return ""  # asked for the script
-    if object_path() is None:
-        return not_built()
-    return libbpf.unavailable()
+    return engine.why_not(ns, OBJECT)
 
 
 def capture(
