@@ -53,14 +53,39 @@ def test_doctor_without_bpftrace_says_so_and_fails(
     assert checks["bpftrace"]["status"] == "fail"
     assert "apt-get install bpftrace" in checks["bpftrace"]["fix"]
     assert code != 0
-    assert set(doc["meta"]["blocked_tools"]) >= {"lwlocks", "flame", "clog-reads"}
+    assert set(doc["meta"]["blocked_tools"]) >= {"lwlocks", "clog-reads"}
+    # flame, hot and waits run from their compiled objects (scripts/build-bpf built them)
+    assert checks["sampler compiled"]["status"] == checks["waits compiled"]["status"] == "ok"
+    assert not {"flame", "hot", "waits"} & set(doc["meta"]["blocked_tools"]), doc["meta"]
+
+
+def test_flame_and_waits_run_without_bpftrace(
+    cluster: PgCluster, tracing: None, tmp_path: Path
+) -> None:
+    """What doctor says runs without bpftrace does: each from its object, with real data."""
+    env = {"PATH": str(tmp_path), "PGPROBE_BPFTRACE": ""}
+    with cluster.connect() as conn:
+        pid = conn.info.backend_pid
+        flame = run_pgprobe(["flame", *cluster.conn_args, "--pid", str(pid), "--unwind", "fp",
+                             "-d", "2", "--json"], env=env)  # fmt: skip
+        waits = run_pgprobe(["waits", *cluster.conn_args, "--pid", str(pid), "--by", "pid",
+                             "-d", "2", "--json"], env=env)  # fmt: skip
+    assert flame.returncode == 0, flame.stderr
+    assert json.loads(flame.stdout)["meta"]["engine"] == "libbpf"
+    assert waits.returncode == 0, waits.stderr
+    doc = json.loads(waits.stdout)
+    assert doc["meta"]["engine"] == "libbpf"
+    # the idle session's 2 s, all of it, in its rows (the time model's own check: wall)
+    total_s = sum(r["total_us"] for r in doc["rows"] if r["pid"] == pid) / 1e6
+    assert abs(total_s - doc["meta"]["window_s"]) <= 0.02 * doc["meta"]["window_s"], doc
 
 
 def test_doctor_table_names_the_blocked_tools(cluster: PgCluster, tmp_path: Path) -> None:
     done = run_pgprobe(["doctor", *cluster.conn_args], env={"PATH": str(tmp_path)})
     assert done.returncode != 0
     assert "bpftrace not found" in done.stdout
-    assert done.stdout.strip().splitlines()[-1].startswith("not ready: these tools cannot run")
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("ready in part: runs here: flame, hot, waits; cannot run: "), last
 
 
 def test_doctor_reads_my_wait_event_info(cluster: PgCluster, tracing: None) -> None:

@@ -14,14 +14,16 @@ def choose(requested: str) -> str:
     return "dtrace" if platform.system() in DTRACE_SYSTEMS else "bpftrace"
 
 
-def preflight(requested: str) -> None:
-    """Fail early, in one line, when the engine cannot run here (privileges, tracer)."""
+def preflight(requested: str, tracer: bool = True) -> None:
+    """Fail early, in one line, when the engine cannot run here (privileges, tracer).
+    tracer False: a compiled object does the capture, bpftrace is not needed."""
     engine = choose(requested)
     if engine == "bpftrace":
         from pgprobe.engines import bpftrace
 
         bpftrace.require_root()
-        bpftrace.find_bpftrace()
+        if tracer:
+            bpftrace.find_bpftrace()
     elif engine == "dtrace":
         from pgprobe.engines import dtrace
 

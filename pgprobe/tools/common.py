@@ -170,9 +170,17 @@ def filters(ns: argparse.Namespace) -> discover.Filters:
     )
 
 
-def prepare(ns: argparse.Namespace, check_server: Callable[[Targets], None]) -> Targets:
-    """Everything that must hold before tracing, cheapest and most telling first."""
-    engines.preflight(getattr(ns, "engine", "auto"))
+def prepare(
+    ns: argparse.Namespace, check_server: Callable[[Targets], None], compiled: str | None = None
+) -> Targets:
+    """Everything that must hold before tracing, cheapest and most telling first. compiled:
+    the object that does the capture where it loads (then bpftrace is not needed)."""
+    tracer = True
+    if compiled is not None:  # imported here: libbpf's ctypes and pyelftools, only then
+        from pgprobe.engines import compiled as objects
+
+        tracer = objects.why_not(ns, compiled) is not None
+    engines.preflight(getattr(ns, "engine", "auto"), tracer)
     timings.mark("preflight")
     targets = discover.discover(conn_options(ns), filters(ns))
     timings.mark("discovery")

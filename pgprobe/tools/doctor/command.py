@@ -19,7 +19,7 @@ from pgprobe.tools.doctor.machine import (
     check_tracefs,
     try_probe_types,
 )
-from pgprobe.tools.doctor.records import NEEDS, Check, assess
+from pgprobe.tools.doctor.records import NEEDS, Check, assess, spare
 from pgprobe.tools.doctor.server import (
     check_backend_state_address,
     check_binary,
@@ -73,4 +73,5 @@ def diagnose(opts: discover.ConnOptions) -> list[Check]:
     for c in checks:
         if c.status == "fail" and not c.affects:
             c.affects = list(NEEDS.get(c.check, ()))
+    spare(checks)
     return checks

@@ -74,17 +74,27 @@ def check_compiled_waits() -> Check:
     """Whether waits (and triage's time model, serve, lwlocks' fallback) runs its compiled
     form here: the object built, and this kernel's verifier takes it (a real load)."""
     return _check_object("waits compiled", waits_compiled.OBJECT,
-                         "waits runs bpf/waits.bt, about twice the cost per switch")  # fmt: skip
+                         "waits runs bpf/waits.bt, about twice the cost per switch",
+                         off=waits_compiled.QUERY_PROGRAMS)  # fmt: skip
 
 
 def check_compiled_sampler() -> Check:
     """Whether flame, hot (and triage's CPU part, top's CPU functions) sample from their
     compiled object here, or start bpftrace for bpf/profile.bt."""
     return _check_object("sampler compiled", profile_compiled.OBJECT,
-                         "flame and hot run bpf/profile.bt in bpftrace (~100 MiB)")  # fmt: skip
+                         "flame and hot run bpf/profile.bt in bpftrace (~100 MiB)",
+                         sampled={profile_compiled.PROGRAM: 1})  # fmt: skip
 
 
-def _check_object(name: str, object_name: str, fallback: str) -> Check:
+def _check_object(
+    name: str,
+    object_name: str,
+    fallback: str,
+    off: frozenset[str] = frozenset(),
+    sampled: dict[str, int] | None = None,
+) -> Check:
+    """An object loaded and attached for real (its programs filter on a postmaster of pid 0:
+    they count nothing), then closed; off: programs left out (uprobes needing a binary)."""
     path = engine.object_path(object_name)
     if path is None:
         return Check(name, "warn", f"{engine.not_built(object_name)}: {fallback}",
@@ -92,12 +102,12 @@ def _check_object(name: str, object_name: str, fallback: str) -> Check:
     if why := libbpf.unavailable():
         return Check(name, "warn", f"{why}: {fallback}")
     try:
-        with libbpf.BpfObject(path, {}):
-            pass
+        with libbpf.BpfObject(path, {}, off, sampled=sampled) as obj:
+            obj.attach()
     except libbpf.LibbpfError as exc:
         return Check(name, "warn", f"this kernel refuses it ({exc}): {fallback}",
                      "Linux 5.13 or later with BTF")  # fmt: skip
-    return Check(name, "ok", f"{path} loads (libbpf {libbpf.version()})")
+    return Check(name, "ok", f"{path} loads and attaches (libbpf {libbpf.version()})")
 
 
 def check_tracefs() -> Check:

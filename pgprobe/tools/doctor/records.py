@@ -26,6 +26,10 @@ NEEDS = {
     "waits compiled": (),  # waits runs bpf/waits.bt instead
     "sampler compiled": (),  # flame and hot run bpf/profile.bt instead
 }
+# The checks a tool no longer needs where its compiled object loads and attaches: it then
+# runs without bpftrace (pgprobe.engines.compiled).
+SPARED_BY = {"sampler compiled": ("flame", "hot"), "waits compiled": ("waits",)}
+TRACER_CHECKS = ("bpftrace", "tracepoints", "perf sampling")
 # A tool that still runs, with a part left out, when another tool cannot run.
 IN_PART = {
     "waits compiled": {
@@ -51,6 +55,15 @@ class Check:
     detail: str
     fix: str = ""
     affects: list[str] = field(default_factory=list)
+
+
+def spare(checks: list[Check]) -> None:
+    """The tools whose compiled object works here taken off the tracer checks' affects."""
+    working = {c.check for c in checks if c.status == "ok"}
+    spared = {tool for check, tools in SPARED_BY.items() if check in working for tool in tools}
+    for c in checks:
+        if c.check in TRACER_CHECKS:
+            c.affects = [tool for tool in c.affects if tool not in spared]
 
 
 def assess(checks: list[Check]) -> tuple[list[str], dict[str, str]]:

@@ -250,7 +250,7 @@ def collect(ns: argparse.Namespace, names_at_end: bool = False) -> Profile:
     names_at_end: re-read pg_stat_activity after the capture, to name the
     backends that came during it (for --per-backend).
     """
-    run = start(ns, common.prepare(ns, check_server))
+    run = start(ns, common.prepare(ns, check_server, compiled.OBJECT))
     texts = bystatement.texts_for(run.targets, ns) if run.where is not None else None
     final: tuple[Snapshot, RunInfo] | None = None
     try:

@@ -16,7 +16,7 @@ from pgprobe.tools.flame.output import check_output
 from pgprobe.tools.queries import command as queries_command
 from pgprobe.tools.queries import records as query_records
 from pgprobe.tools.queries import view as query_view
-from pgprobe.tools.waits import offcpu, probe, records, stacks, view
+from pgprobe.tools.waits import compiled, offcpu, probe, records, stacks, view
 from pgprobe.tools.waits.targets import (
     asleep_all_along,
     asleep_at,
@@ -69,7 +69,8 @@ def run(ns: argparse.Namespace) -> int:
         raise PgprobeError("--stacks takes no --interval (one graph per capture)", EXIT_USAGE)
     if fmt and getattr(ns, "engine", "auto") == "dtrace":
         raise PgprobeError("--stacks needs bpftrace (no DTrace script for it)", EXIT_USAGE)
-    targets = common.prepare(ns, probe.check_server)
+    # the time model from its object needs no bpftrace (the off-CPU stacks do)
+    targets = common.prepare(ns, probe.check_server, None if fmt else compiled.OBJECT)
     cluster = targets.cluster
     where = address.find(cluster.postmaster_pid, cluster.binary)
     started, left = time.monotonic(), ns
