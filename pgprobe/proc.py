@@ -114,6 +114,15 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
+def parent(pid: int) -> int | None:
+    """pid's parent (/proc/PID/stat field 4); None when it is gone."""
+    try:
+        stat = read_small(pid, "stat")
+        return int(stat[stat.rindex(")") + 2 :].split(None, 2)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def asleep(pid: int) -> bool:
     """Whether pid is asleep now (/proc/PID/stat's state S or D: not running, not runnable)."""
     try:

@@ -118,8 +118,20 @@ def capture(
     if unmoved is None:  # each process's last read, for the next (one capture's: emptied below)
         unmoved = Unmoved()
 
+    known: set[int] = set()  # the processes listed at the reads before
+
     def pids() -> list[int]:
-        return [single] if single else [postmaster, *proc.children(postmaster)]
+        if single:
+            return [single]
+        # The children file can miss a child while others are reaped, even read twice (a CI
+        # run's last read of a restart missed a backend asleep throughout: its running total,
+        # a 2 s pg_sleep, with it). One listed before and still the postmaster's child is
+        # read all the same.
+        listed = {postmaster, *proc.children(postmaster)}
+        listed |= {pid for pid in known - listed if proc.parent(pid) == postmaster}
+        known.clear()
+        known.update(listed)
+        return sorted(listed)
 
     def start_window(obj: libbpf.BpfObject) -> None:
         targets = pids()
