@@ -669,9 +669,11 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
     try:
         wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
         running = tracers(agent.pid)
-        # the time model runs in the agent itself (bpf/waits.bpf.c compiled: its links)
-        assert set(running) == {"lwlock_wait", "clog_reads_uprobe", "profile"}, running
-        assert bpf_link_fds(agent.pid) == WAITS_BPF_LINKS
+        # the time model and the CPU samples run in the agent itself (bpf/waits.bpf.c and
+        # bpf/profile.bpf.c compiled: their links, one per CPU's perf event for the sampler)
+        assert set(running) == {"lwlock_wait", "clog_reads_uprobe"}, running
+        links = WAITS_BPF_LINKS + (os.cpu_count() or 1)
+        assert bpf_link_fds(agent.pid) == links
         os.kill(running["clog_reads_uprobe"], signal.SIGKILL)
         restarted = 'pgprobe_capture_restarts_total{source="slru"}'
         wait_for(
@@ -681,7 +683,8 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
         )
         again = tracers(agent.pid)
         assert again["clog_reads_uprobe"] != running["clog_reads_uprobe"]
-        assert again["profile"] == running["profile"]  # the others ran on
+        assert again["lwlock_wait"] == running["lwlock_wait"]  # the others ran on
+        assert bpf_link_fds(agent.pid) == links
         assert scrape(port)['pgprobe_capture_restarts_total{source="cpu"}'] == 0
         # The last window's CPU profile is pprof.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pprof/profile") as reply:

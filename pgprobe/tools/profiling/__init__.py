@@ -76,6 +76,7 @@ from pgprobe.tools.profiling.sampling import (
     collect,
     map_keys,
     print_warnings,
+    sampler,
     script_args,
     start,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "owning_package",
     "plain_name",
     "print_warnings",
+    "sampler",
     "script_args",
     "start",
     "truncation_warning",

@@ -12,6 +12,7 @@ map (bpftrace's holds 128 MiB of kernel memory and refuses a stack whose bucket 
 from __future__ import annotations
 
 import struct
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -69,17 +70,21 @@ def snapshot(counts: Counts, kernel: bool, by_query: bool, sampled: int) -> Snap
         if by_query:
             key = (key[0], state, query_id, *key[1:])
         stacks[key] = n
-    return Snapshot(label="", maps={name: stacks, "samples": {(): sampled}})
+    return Snapshot(label=time.strftime("%H:%M:%S"), maps={name: stacks, "samples": {(): sampled}})
 
 
-def capture(args: list[int | Path], duration: float | None) -> CompiledCapture:
-    """profile.bt's capture from the object (not started: iterate its events())."""
+def capture(
+    args: list[int | Path], duration: float | None, interval: float | None = None
+) -> CompiledCapture:
+    """profile.bt's capture from the object (not started: iterate its events()). With an
+    interval, each snapshot holds that window's samples alone, as the script's windows."""
     path = engine.object_path(OBJECT)
     assert path is not None
     values = rodata(args)
     hz, kernel, by_query = int(str(args[0])), bool(values["kernel_stacks"]), bool(values["be_addr"])
     counts = Counts()
     reader: list[libbpf.RingBuffer] = []
+    sampled_before = [0]  # @samples at the last window's read
 
     def drain(obj: libbpf.BpfObject) -> None:
         if not reader:
@@ -92,7 +97,12 @@ def capture(args: list[int | Path], duration: float | None) -> CompiledCapture:
         info.lost_events = scalars.get(LOST, 0)
         if info.stopped_counting:  # the final read: the object closes next
             reader[0].close()
-        return snapshot(counts, kernel, by_query, scalars.get(SAMPLED, 0))
+        sampled = scalars.get(SAMPLED, 0)
+        window = snapshot(counts, kernel, by_query, sampled - sampled_before[0])
+        if interval:  # the next window starts empty
+            counts.by_key.clear()
+            sampled_before[0] = sampled
+        return window
 
-    return CompiledCapture(path, values, read, duration, sampled={PROGRAM: hz},
+    return CompiledCapture(path, values, read, duration, interval, sampled={PROGRAM: hz},
                            every_tick=drain)  # fmt: skip

@@ -211,19 +211,22 @@ def start(ns: argparse.Namespace, targets: Targets) -> ProfileRun:
             "BPFTRACE_NO_USER_SYMBOLS": "1",
             "BPFTRACE_MAP_KEYS_MAX": str(map_keys(ns.duration, ns.hz)),
         }
-        running = _sampler(ns, script_args(targets, ns.hz, ns.kernel, where), env)
+        running = sampler(ns, script_args(targets, ns.hz, ns.kernel, where), env)
     if watcher is not None:
         running = _Ticking(running, watcher.tick)
     return ProfileRun(targets, running, symbolizer, watcher, ns.hz, ns.kernel, mode, why, where)
 
 
-def _sampler(ns: argparse.Namespace, args: list[int | Path], env: dict[str, str]) -> Capture:
+def sampler(
+    ns: argparse.Namespace, args: list[int | Path], env: dict[str, str], window: int = 0
+) -> Capture:
     """bpf/profile.bpf.c compiled when it is built and loads here (no bpftrace to start, no
-    128 MiB stack map), else bpf/profile.bt, or d/profile.d; why not the object, said."""
+    128 MiB stack map), else bpf/profile.bt, or d/profile.d; why not the object, said.
+    window: a snapshot every that many seconds, each of its window alone (serve)."""
     why = engine.why_not(ns, compiled.OBJECT)
     if why is None:
         try:
-            return compiled.capture(args, ns.duration)
+            return compiled.capture(args, ns.duration, window or None)
         except libbpf.LibbpfError as e:
             why = f"this kernel refused bpf/build/{compiled.OBJECT} ({e})"
     running = common.capture(ns, SCRIPT, args, MAPS, env=env)

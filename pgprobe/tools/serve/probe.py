@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pgprobe.discover import Targets
 from pgprobe.engines.base import Capture
 from pgprobe.errors import PgprobeError
-from pgprobe.tools import bystatement, clog_reads, common, lwlocks, profiling
+from pgprobe.tools import bystatement, clog_reads, lwlocks, profiling
 from pgprobe.tools.serve import recycle
 from pgprobe.tools.waits import compiled as waits_compiled
 from pgprobe.tools.waits import probe as waits_probe
@@ -86,7 +86,7 @@ def _cpu(ns: argparse.Namespace, targets: Targets, window: int) -> Capture:
             where = bystatement.where(targets)
     args = profiling.script_args(targets, ns.hz, kernel=False, where=where)
     args[4] = window
-    return common.capture(ns, profiling.SCRIPT, args, profiling.MAPS, env=env)
+    return profiling.sampler(ns, args, env, window)
 
 
 def waits_map_keys() -> int:
