@@ -72,7 +72,7 @@ struct sample {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 8 << 20);	/* 8 MiB: ~1 s of 10 kHz on 2 CPUs, drained every 0.1 s */
+	__uint(max_entries, 8 << 20);	/* 8 MiB: ~1 s of 10 kHz on 2 CPUs, drained every 0.2 s */
 } samples SEC(".maps");
 
 /* a sample is built here, not on the 512-byte stack */

@@ -39,14 +39,20 @@ class Counts:
 
     def __init__(self) -> None:
         self.by_key: Counter[SampleKey] = Counter()
+        self.malformed = 0  # records shorter than they say (never seen): counted as lost
 
     def add(self, record: bytes) -> None:
-        pid, state, query_id, ubytes, kbytes = _HEADER.unpack_from(record)
-        at = _HEADER.size
-        user = struct.unpack_from(f"<{min(ubytes // 8, _FRAMES)}Q", record, at)
-        kernel: tuple[int, ...] = ()
-        if kbytes:
-            kernel = struct.unpack_from(f"<{min(kbytes // 8, _FRAMES)}Q", record, at + 8 * _FRAMES)
+        try:
+            pid, state, query_id, ubytes, kbytes = _HEADER.unpack_from(record)
+            at = _HEADER.size
+            user = struct.unpack_from(f"<{min(ubytes // 8, _FRAMES)}Q", record, at)
+            kernel: tuple[int, ...] = ()
+            if kbytes:
+                kernel = struct.unpack_from(f"<{min(kbytes // 8, _FRAMES)}Q", record,
+                                            at + 8 * _FRAMES)  # fmt: skip
+        except struct.error:  # raised in libbpf's callback, it would print a traceback
+            self.malformed += 1
+            return
         self.by_key[(pid, state, query_id, kernel, user)] += 1
 
 
@@ -94,7 +100,7 @@ def capture(
     def read(obj: libbpf.BpfObject, info: RunInfo) -> Snapshot:
         drain(obj)
         scalars = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in obj.items("scalars")}
-        info.lost_events = scalars.get(LOST, 0)
+        info.lost_events = scalars.get(LOST, 0) + counts.malformed
         if info.stopped_counting:  # the final read: the object closes next
             reader[0].close()
         sampled = scalars.get(SAMPLED, 0)
