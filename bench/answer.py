@@ -60,6 +60,7 @@ TOOLS: dict[str, list[str]] = {
     "lwlocks": ["lwlocks", "-d", str(DURATION_S)],
     "waits": ["waits", "-d", str(DURATION_S)],
     "clog-reads": ["clog-reads", "-d", str(DURATION_S)],
+    "clog-reads-bpftrace": ["clog-reads", "-d", str(DURATION_S), "--engine", "bpftrace"],
     "triage": ["triage", "-d", str(DURATION_S), "-o", "{out}.html"],
 }
 BUDGET_S = {5: 1.5, 1000: 2.5}  # issue 16: -d 1 wall with that many backends

@@ -31,24 +31,13 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 
+#include "ours.h"
 #include "scalars.h"
 
-typedef int pid_t;
-typedef _Bool bool;
-#define true 1
-#define false 0
 
 char LICENSE[] SEC("license") = "GPL";
 
-struct task_struct {
-	pid_t pid;
-	pid_t tgid;
-	struct task_struct *real_parent;
-} __attribute__((preserve_access_index));
-
-/* profile.bt's positional parameters */
-const volatile pid_t postmaster = 0;	/* $2: the postmaster and its children */
-const volatile pid_t only_pid = 0;	/* $3: only this pid (0: all) */
+/* profile.bt's positional parameters ($2 postmaster, $3 only_pid: ours.h) */
 const volatile __u32 kernel_stacks = 0;	/* $4: kernel stacks too */
 const volatile __u64 be_addr = 0;	/* $6: &MyBEEntry (0: no statement read) */
 const volatile __u64 state_off = 0;	/* $7: offsetof(PgBackendStatus, st_state) */
@@ -88,37 +77,16 @@ struct {
 #define LOST 1
 SCALARS(2);
 
-static void bump(__u32 which)
-{
-	__u64 *n = bpf_map_lookup_elem(&scalars, &which);
-
-	if (n)
-		__sync_fetch_and_add(n, 1);
-}
-
-static bool ours(void)
-{
-	__u64 id = bpf_get_current_pid_tgid();
-	pid_t tgid = id >> 32;
-
-	if (only_pid)
-		return tgid == only_pid;
-	if (tgid == postmaster)
-		return true;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	return BPF_CORE_READ(task, real_parent, tgid) == postmaster;
-}
-
 SEC("perf_event")
 int on_sample(struct bpf_perf_event_data *ctx)
 {
-	if (!ours())
+	if (!ours(bpf_get_current_pid_tgid() >> 32))
 		return 0;
 	__u32 zero = 0;
 	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 	if (!s)
 		return 0;
-	bump(SAMPLED);
+	BUMP(SAMPLED);
 	s->pid = bpf_get_current_pid_tgid() >> 32;
 	s->state = 0;
 	s->query_id = 0;
@@ -147,6 +115,6 @@ int on_sample(struct bpf_perf_event_data *ctx)
 			size = sizeof(*s);
 	}
 	if (bpf_ringbuf_output(&samples, s, size, 0))
-		bump(LOST);
+		BUMP(LOST);
 	return 0;
 }

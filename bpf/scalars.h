@@ -15,4 +15,13 @@
 		__type(value, __u64);           \
 	} scalars SEC(".maps")
 
+/* one more in scalars[which] (after SCALARS(N) declared the map) */
+#define BUMP(which)                                                 \
+	do {                                                        \
+		__u32 _slot = (which);                              \
+		__u64 *_n = bpf_map_lookup_elem(&scalars, &_slot);  \
+		if (_n)                                             \
+			__sync_fetch_and_add(_n, 1);                \
+	} while (0)
+
 #endif

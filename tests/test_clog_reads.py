@@ -35,7 +35,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import CHECKOUT, bpftrace_child, cluster_for, need, perf_event_fds, run_pgprobe
+from helpers import (
+    CHECKOUT,
+    bpf_link_fds,
+    bpftrace_child,
+    cluster_for,
+    need,
+    perf_event_fds,
+    run_pgprobe,
+)
 from slru_workload import (
     BLCKSZ,
     CLUSTER_SETTINGS,
@@ -127,7 +135,7 @@ STABLE_S = 1.0
 
 
 def wait_attached(probe: subprocess.Popen[str]) -> None:
-    """Until pgprobe's bpftrace has attached every probe.
+    """Until pgprobe has attached its probe: the compiled object's uprobe, or bpftrace's probes.
 
     bpftrace 0.17 opens one output-buffer perf event per CPU at start, then one
     per tracepoint or uprobe (and one for interval:s:1) as it attaches (the
@@ -142,6 +150,9 @@ def wait_attached(probe: subprocess.Popen[str]) -> None:
     while time.monotonic() < deadline:
         if probe.poll() is not None:
             pytest.fail(f"pgprobe ended before attaching: {probe.communicate()[1]}")
+        if bpf_link_fds(probe.pid) >= 1:  # bpf/clog_reads.bpf.c: its uprobe, in pgprobe
+            time.sleep(0.3)  # pgprobe's opening pg_stat_slru read, right after the attach
+            return
         child = bpftrace_child(probe.pid)
         count = perf_event_fds(child) if child is not None else 0
         if count != seen:

@@ -51,12 +51,16 @@ def per_slru(rows: list[dict[str, Any]], pid: int) -> dict[str, int]:
     return out
 
 
+# Both forms of the uprobe against the same truth: bpf/clog_reads.bpf.c compiled (the
+# default once scripts/build-bpf built it) and bpf/clog_reads_uprobe.bt.
 @pytest.mark.integration
+@pytest.mark.parametrize("engine", ["compiled", "bpftrace"])
 def test_uprobe_reads_equal_pg_stat_slru(
-    workload: Workload, tested_on: Callable[[str, str], None]
+    workload: Workload, tested_on: Callable[[str, str], None], engine: str
 ) -> None:
     """The default source, by the server's own pg_stat_slru order (renamed rows on 17+)."""
-    probe = uprobe(workload, "--slru", "pg_xact,pg_subtrans", "--json")
+    form = ["--engine", "bpftrace"] if engine == "bpftrace" else []
+    probe = uprobe(workload, "--slru", "pg_xact,pg_subtrans", "--json", *form)
     delta = workload.run()
     out, err = stop(probe)
     doc = json.loads(out)
@@ -75,6 +79,7 @@ def test_uprobe_reads_equal_pg_stat_slru(
     # Fires: every read of every SLRU in the window (the filter does not save the trap).
     assert meta["uprobe_fires"] >= delta[XACT][1] + delta[SUBTRANS][1]
     assert meta["lost_events"] == 0
+    assert meta["engine"] == ("libbpf" if engine == "compiled" else "bpftrace")
     tested_on("clog-reads", "exact vs pg_stat_slru (uprobe)")
 
 

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 Recorder = Callable[[str, str], None]
 NEEDED = ("root", "bpftrace", "btf", "tracepoints", "perf sampling", "uprobes", "usdt",
           "server binary", "usdt probes", "postgresql version", "wait event address",
-          "backend state address", "connection", "waits compiled", "sampler compiled")  # fmt: skip
+          "backend state address", "connection", "waits compiled", "sampler compiled",
+          "slru compiled")  # fmt: skip
 
 
 def doctor(cluster: PgCluster, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import CHECKOUT, need, perf_event_fds
+from helpers import CHECKOUT, bpf_link_fds, need, perf_event_fds
 
 from pgprobe import proc
 from pgprobe.errors import EXIT_TRACER
@@ -48,9 +48,13 @@ def tracers(pgprobe_pid: int, script: str = "") -> list[int]:
 
 
 def wait_attached(pgprobe_pid: int, script: str = "", count: int = 1, timeout: float = 180) -> None:
-    """Until `count` of pgprobe's bpftrace processes hold their perf events (probes in)."""
+    """Until `count` of pgprobe's bpftrace processes hold their perf events (probes in), or,
+    for one tracer of any script, pgprobe holds a compiled object's links."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not script and count == 1 and bpf_link_fds(pgprobe_pid) > 0:
+            time.sleep(1.5)
+            return
         found = tracers(pgprobe_pid, script)
         if len(found) >= count and all(perf_event_fds(p) > 0 for p in found):
             time.sleep(1.5)  # attach finishes, the window opens

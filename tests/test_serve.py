@@ -661,7 +661,7 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
     cluster: PgCluster, tracing: None
 ) -> None:
     port = free_port()
-    # the USDT LWLock source (opt-in) runs a tracer of its own: one more to supervise
+    # the USDT LWLock source (opt-in) runs a tracer of its own: the one to kill
     agent = start_agent(
         cluster, port, "--window", "1", "--lwlock-source", "usdt", "--waits-duty", "1"
     )  # its links are checked: attached all the time
@@ -669,29 +669,29 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
     try:
         wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
         running = tracers(agent.pid)
-        # the time model and the CPU samples run in the agent itself (bpf/waits.bpf.c and
-        # bpf/profile.bpf.c compiled: their links, one per CPU's perf event for the sampler)
-        assert set(running) == {"lwlock_wait", "clog_reads_uprobe"}, running
-        links = WAITS_BPF_LINKS + (os.cpu_count() or 1)
+        # the time model, the CPU samples and the SLRU reads run in the agent itself
+        # (bpf/waits.bpf.c, profile.bpf.c, clog_reads.bpf.c compiled: their links, one per
+        # CPU's perf event for the sampler, one for the SLRU uprobe)
+        assert set(running) == {"lwlock_wait"}, running
+        links = WAITS_BPF_LINKS + (os.cpu_count() or 1) + 1
         assert bpf_link_fds(agent.pid) == links
-        os.kill(running["clog_reads_uprobe"], signal.SIGKILL)
-        restarted = 'pgprobe_capture_restarts_total{source="slru"}'
+        os.kill(running["lwlock_wait"], signal.SIGKILL)
+        restarted = 'pgprobe_capture_restarts_total{source="lwlock"}'
         wait_for(
-            "the SLRU tracer started again",
-            lambda: scrape(port).get(restarted) == 1 and scrape(port).get(up[1]) == 1,
+            "the LWLock tracer started again",
+            lambda: scrape(port).get(restarted) == 1 and scrape(port).get(up[0]) == 1,
             60,
         )
         again = tracers(agent.pid)
-        assert again["clog_reads_uprobe"] != running["clog_reads_uprobe"]
-        assert again["lwlock_wait"] == running["lwlock_wait"]  # the others ran on
-        assert bpf_link_fds(agent.pid) == links
+        assert again["lwlock_wait"] != running["lwlock_wait"]
+        assert bpf_link_fds(agent.pid) == links  # the others ran on
         assert scrape(port)['pgprobe_capture_restarts_total{source="cpu"}'] == 0
         # The last window's CPU profile is pprof.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pprof/profile") as reply:
             assert reply.read(2) == b"\x1f\x8b"
     finally:
         err = stop_agent(agent)
-    assert "SLRU reads stopped" in err
+    assert "LWLock waits stopped" in err
     assert not any(os.path.exists(f"/proc/{p}") for p in again.values())
 
 

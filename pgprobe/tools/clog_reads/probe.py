@@ -20,7 +20,8 @@ from elftools.common.exceptions import ELFError
 
 from pgprobe import engines, pgstats
 from pgprobe.discover import Targets
-from pgprobe.engines import bpftrace
+from pgprobe.engines import bpftrace, libbpf
+from pgprobe.engines import compiled as engine
 from pgprobe.engines.base import (
     AggValue,
     Capture,
@@ -35,6 +36,7 @@ from pgprobe.engines.base import (
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.symbolize.dynsym import defined_symbol
 from pgprobe.tools import bystatement, common
+from pgprobe.tools.clog_reads import compiled
 
 SCRIPT = "clog_reads"  # bpf/clog_reads.bt, d/clog_reads.d
 UPROBE_SCRIPT = "clog_reads_uprobe"  # bpf/clog_reads_uprobe.bt (counts only)
@@ -342,12 +344,23 @@ def start_uprobe(
     signal_window: bool = False,
     statement: Sequence[int] = bystatement.NO_READ,
 ) -> UprobeCapture:
-    """bpf/clog_reads_uprobe.bt (MODE_STACKS: its _stacks twin, frame-pointer stacks),
-    same window and statement rules."""
+    """bpf/clog_reads.bpf.c compiled where it is built and loads here, else
+    bpf/clog_reads_uprobe.bt (MODE_STACKS: its _stacks twin, frame-pointer stacks), same
+    window and statement rules (the object counts from its attach to its last read)."""
     script = UPROBE_STACKS_SCRIPT if mode == MODE_STACKS else UPROBE_SCRIPT
     args = uprobe_args(targets, index_mask(order, slrus), interval)
     args = with_statement(args, os.getpid() if signal_window else 0, statement)
+    why = engine.why_not(ns, compiled.OBJECT) if mode != MODE_STACKS else ""
+    if why is None:
+        duration = getattr(ns, "duration", None)
+        try:
+            inner = compiled.capture(args, duration, interval, targets.cluster.binary)
+            return UprobeCapture(inner, order)
+        except libbpf.LibbpfError as e:
+            why = f"this kernel refused bpf/build/{compiled.OBJECT} ({e})"
     capture = common.capture(ns, script, args, UPROBE_MAPS, env=map_env(mode))
+    if why:
+        capture.info.warnings.append(f"{why}: ran bpf/{script}.bt")
     if signal_window and isinstance(capture, bpftrace.BpftraceCapture):
         capture.process.stops_on_signal = True
     return UprobeCapture(capture, order)

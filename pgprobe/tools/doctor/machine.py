@@ -15,6 +15,7 @@ from pgprobe import usdt
 from pgprobe.engines import bpftrace, libbpf
 from pgprobe.engines import compiled as engine
 from pgprobe.errors import PgprobeError
+from pgprobe.tools.clog_reads import compiled as slru_compiled
 from pgprobe.tools.doctor.records import Check
 from pgprobe.tools.profiling import compiled as profile_compiled
 from pgprobe.tools.waits import compiled as waits_compiled
@@ -86,15 +87,25 @@ def check_compiled_sampler() -> Check:
                          sampled={profile_compiled.PROGRAM: 1})  # fmt: skip
 
 
+def check_compiled_slru() -> Check:
+    """Whether clog-reads (and triage, serve) counts SLRU reads from its compiled object here
+    (loaded for real; its uprobe attaches to the server binary at each capture)."""
+    return _check_object("slru compiled", slru_compiled.OBJECT,
+                         "clog-reads runs bpf/clog_reads_uprobe.bt in bpftrace (~100 MiB)",
+                         attach=False)  # fmt: skip
+
+
 def _check_object(
     name: str,
     object_name: str,
     fallback: str,
     off: frozenset[str] = frozenset(),
     sampled: dict[str, int] | None = None,
+    attach: bool = True,
 ) -> Check:
-    """An object loaded and attached for real (its programs filter on a postmaster of pid 0:
-    they count nothing), then closed; off: programs left out (uprobes needing a binary)."""
+    """An object loaded (the verifier takes it) and attached for real (its programs filter on
+    a postmaster of pid 0: they count nothing), then closed; off: programs left out; attach
+    False: loaded only (a uprobe's place is the server binary, known at the capture)."""
     path = engine.object_path(object_name)
     if path is None:
         return Check(name, "warn", f"{engine.not_built(object_name)}: {fallback}",
@@ -103,11 +114,13 @@ def _check_object(
         return Check(name, "warn", f"{why}: {fallback}")
     try:
         with libbpf.BpfObject(path, {}, off, sampled=sampled) as obj:
-            obj.attach()
+            if attach:
+                obj.attach()
     except libbpf.LibbpfError as exc:
         return Check(name, "warn", f"this kernel refuses it ({exc}): {fallback}",
                      "Linux 5.13 or later with BTF")  # fmt: skip
-    return Check(name, "ok", f"{path} loads and attaches (libbpf {libbpf.version()})")
+    done = "loads and attaches" if attach else "loads"
+    return Check(name, "ok", f"{path} {done} (libbpf {libbpf.version()})")
 
 
 def check_tracefs() -> Check:

@@ -25,6 +25,7 @@ NEEDS = {
     "backend state address": (),  # waits runs; idle in transaction is then "unknown"
     "waits compiled": (),  # waits runs bpf/waits.bt instead
     "sampler compiled": (),  # flame and hot run bpf/profile.bt instead
+    "slru compiled": (),  # clog-reads runs bpf/clog_reads_uprobe.bt instead
 }
 # The checks a tool no longer needs where its compiled object loads and attaches: it then
 # runs without bpftrace (pgprobe.engines.compiled).
