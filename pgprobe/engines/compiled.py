@@ -153,6 +153,8 @@ class CompiledCapture:
             # The window ends at this read; the programs stop counting when it closes.
             self.info.stopped_counting = True
             self.info.duration_seconds = time.monotonic() - attached
+            if self.on_tick is not None:  # the moment a SQL window compared with it closes
+                self.on_tick(self.info, 0.0)
             self.info.missed_runs = libbpf.recursion_misses(obj.program_fds())
             final = self._snapshot(obj, final=True)
             timings.mark("libbpf-read")

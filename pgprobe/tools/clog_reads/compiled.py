@@ -40,10 +40,10 @@ def rodata(args: list[int | Path]) -> dict[str, int]:
             "be_addr": entry, "state_off": state_off, "qid_off": qid_off}  # fmt: skip
 
 
-Counts = dict[str, dict[Key, int]]  # map name -> key -> count
+MapCounts = dict[str, dict[Key, int]]  # map name -> key -> count
 
 
-def _windowed(now: Counts, last: Counts) -> dict[str, dict[Key, AggValue]]:
+def _windowed(now: MapCounts, last: MapCounts) -> dict[str, dict[Key, AggValue]]:
     """The counts since the last read (the script clears its maps at each window)."""
     out: dict[str, dict[Key, AggValue]] = {}
     for name, counts in now.items():
@@ -52,9 +52,7 @@ def _windowed(now: Counts, last: Counts) -> dict[str, dict[Key, AggValue]]:
     return out
 
 
-def _forget_gone(
-    obj: libbpf.BpfObject, now: dict[str, dict[Key, int]]
-) -> dict[str, dict[Key, int]]:
+def _forget_gone(obj: libbpf.BpfObject, now: MapCounts) -> MapCounts:
     """The keys of processes that exited deleted once read (their counts are final: the
     maps hold the live processes' keys only, however many come and go in a long run);
     the counts left, as the next window's base."""
@@ -77,7 +75,7 @@ def capture(
     With an interval, each snapshot holds its window's reads alone, as the script's."""
     path = engine.object_path(OBJECT)
     assert path is not None
-    last: Counts = {}  # with an interval: the counts at the last read
+    last: MapCounts = {}  # with an interval: the counts at the last read
 
     def read(obj: libbpf.BpfObject, info: RunInfo) -> Snapshot:
         scalars = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in obj.items("scalars")}
@@ -87,7 +85,7 @@ def capture(
             pid, index, state, _pad, qid = _QUERY.unpack(k)
             qreads[(pid, index, state, qid)] = _U64.unpack(v)[0]
         info.failed_map_updates = scalars.get(REFUSED, 0)
-        now: Counts = {"reads": reads, "qreads": qreads, "fires": {(): scalars.get(FIRES, 0)}}
+        now: MapCounts = {"reads": reads, "qreads": qreads, "fires": {(): scalars.get(FIRES, 0)}}
         maps = _windowed(now, last)
         if interval:
             last.clear()
