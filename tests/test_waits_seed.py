@@ -27,17 +27,21 @@ pytestmark = pytest.mark.integration
 DURATION_S = 1.0
 
 
+def whole_cluster(pg: PgCluster) -> tuple[discover.Targets, address.WaitEventAddress]:
+    """The cluster's processes, as pgprobe waits finds them, and where the wait event is."""
+    targets = discover.discover(
+        discover.ConnOptions(host=str(pg.root), port=pg.port, user="postgres"), discover.Filters()
+    )
+    cluster = targets.cluster
+    return targets, address.find(cluster.postmaster_pid, cluster.binary)
+
+
 def test_a_sleep_begun_before_the_attach_is_named_from_the_seed(
     build_cluster: PgCluster, tracing: None
 ) -> None:
     assert compiled.object_path() is not None, "bpf/build/waits.bpf.o: run scripts/build-bpf"
-    targets = discover.discover(
-        discover.ConnOptions(host=str(build_cluster.root), port=build_cluster.port,
-                             user="postgres"),
-        discover.Filters(),
-    )  # fmt: skip
+    targets, where = whole_cluster(build_cluster)
     cluster = targets.cluster
-    where = address.find(cluster.postmaster_pid, cluster.binary)
     with build_cluster.connect() as conn:
         pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
         capture = compiled.capture(probe.script_args(targets, where, None), DURATION_S)
@@ -78,13 +82,8 @@ def test_a_backend_the_children_listing_misses_is_still_read(
     it at its next change of wait event): a read that does not ask its entry loses it. Here
     the listing is made to miss the backend at the last read; its sleep, 0.5 s by its own
     clock, must still be in the last snapshot."""
-    targets = discover.discover(
-        discover.ConnOptions(host=str(build_cluster.root), port=build_cluster.port,
-                             user="postgres"),
-        discover.Filters(),
-    )  # fmt: skip
+    targets, where = whole_cluster(build_cluster)
     cluster = targets.cluster
-    where = address.find(cluster.postmaster_pid, cluster.binary)
     listed = proc.children
 
     def missing(ppid: int, pid: int) -> list[int]:
