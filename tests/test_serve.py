@@ -617,9 +617,15 @@ def windows_pass(port: int, source: str, n: int = 2, timeout: float = 60) -> dic
     return now
 
 
+# The agent's links besides the time model's, held all along once its captures are up: the
+# CPU sampler's (one per CPU's perf event) and the SLRU uprobe's.
+OTHER_LINKS = (os.cpu_count() or 1) + 1
+
+
 class LinkWatch(threading.Thread):
     """The wall-clock spans during which a process holds bpf/waits.bpf.c's links (attached,
-    read from /proc/PID/fd every POLL_S): when its probes can count, seen from outside."""
+    read from /proc/PID/fd every POLL_S): when its probes can count, seen from outside.
+    Start it once the agent's other captures are up (they hold OTHER_LINKS for good)."""
 
     POLL_S = 0.005
 
@@ -631,7 +637,8 @@ class LinkWatch(threading.Thread):
     def run(self) -> None:
         since = None
         while not self.done.is_set():
-            now, held = time.monotonic(), bpf_link_fds(self.pid) >= WAITS_BPF_LINKS
+            held = bpf_link_fds(self.pid) - OTHER_LINKS >= WAITS_BPF_LINKS
+            now = time.monotonic()
             if held and since is None:
                 since = now
             elif not held and since is not None:
@@ -673,7 +680,7 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
         # (bpf/waits.bpf.c, profile.bpf.c, clog_reads.bpf.c compiled: their links, one per
         # CPU's perf event for the sampler, one for the SLRU uprobe)
         assert set(running) == {"lwlock_wait"}, running
-        links = WAITS_BPF_LINKS + (os.cpu_count() or 1) + 1
+        links = WAITS_BPF_LINKS + OTHER_LINKS
         assert bpf_link_fds(agent.pid) == links
         os.kill(running["lwlock_wait"], signal.SIGKILL)
         restarted = 'pgprobe_capture_restarts_total{source="lwlock"}'
@@ -852,6 +859,8 @@ def test_time_model_at_a_duty_cycle_counts_what_it_saw(
     links = LinkWatch(agent.pid)
     try:
         wait_for("the time model", lambda: scrape(port).get(windows, 0) >= 1, 60)
+        up = [f'pgprobe_capture_up{{source="{s}"}}' for s in ("cpu", "slru")]
+        wait_for("the other captures", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
         sleeper.start()
         asleep = f"SELECT 1 FROM pg_stat_activity WHERE pid = {pid} AND wait_event = 'PgSleep'"
         wait_for("the sleep", lambda: cluster.sql(asleep), 30)

@@ -138,7 +138,10 @@ class CompiledCapture:
                     self.info.interrupted = stopping
                     break
                 if next_print is not None and now >= next_print:
-                    next_print += self.interval  # type: ignore[operator]
+                    # On schedule; a reader that fell behind (the consumer's work between two
+                    # windows, e.g. naming a first window's stacks) gets no windows back to
+                    # back: each lasts half an interval at least (a tracer prints on time).
+                    next_print = max(next_print + self.interval, now + self.interval / 2)  # type: ignore[operator]
                     yield self._snapshot(obj, final=False)
                 if self.every_tick is not None:
                     self.every_tick(obj)

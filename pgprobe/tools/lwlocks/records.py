@@ -151,9 +151,12 @@ def sched_meta(snapshot: Snapshot, modes_read: bool) -> dict[str, str]:
 
 
 def _sleep_ns(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int, int], int]:
-    """(tid, wait_event_info) -> ns asleep: @wait_ns plus the running totals in @task
-    (woken: the runqueue time after those sleeps instead)."""
+    """(tid, wait_event_info) -> ns asleep: @wait_ns plus the running totals in @task and
+    the sleep under way at the read, as the time model charges them (woken: the runqueue
+    time after those sleeps instead)."""
     out = waits_records.pending_waits(snapshot, woken)
+    for pair, open_ns in waits_records.open_waits(snapshot, woken).items():
+        out[pair] = out.get(pair, 0) + open_ns
     name = waits_records.WOKEN_AFTER_MAP if woken else "wait_ns"
     for key, ns in (snapshot.get(name) if snapshot is not None else {}).items():
         tid, wei = key

@@ -11,10 +11,11 @@ and back to the selector after the reply when the client keeps it alive. So:
 - a client that sends half a request costs one file descriptor, no thread; it is
   closed HEAD_TIMEOUT_S after it connected (a deadline, not per read: a byte a second
   does not keep it open), an idle keep-alive connection after IDLE_TIMEOUT_S;
-- at most ``cap`` connections are open (a quarter of the soft file limit, at most
-  MAX_CONNECTIONS): past it, the connection that has waited longest for its request
-  is closed (slow clients go first; a scraper sends its request at once and is
-  served); when every one is busy with a request, the new one is closed at once;
+- at most ``cap`` connections are open (half of what the soft file limit leaves past
+  the agent's own RESERVED_FDS, MIN_CONNECTIONS to MAX_CONNECTIONS): past it, the
+  connection that has waited longest for its request is closed (slow clients go
+  first; a scraper sends its request at once and is served); when every one is busy
+  with a request, the new one is closed at once;
 - accept() failing for want of file descriptors (EMFILE, ENFILE) closes the
   connection that has waited longest, or when none waits, stops accepting for a
   moment (BACKOFF_S, doubling): new connections wait in the kernel's backlog;
@@ -44,6 +45,11 @@ from typing import Any
 
 POOL = 4
 MAX_CONNECTIONS = 64
+MIN_CONNECTIONS = 8  # a scraper, its retries and a few slow clients, whatever the limit
+# The agent's own descriptors, kept from its HTTP clients: the captures run in its process
+# (the compiled objects' maps, programs, links and perf events: 45-49 measured with the time
+# model, CPU samples and SLRU reads up; a file limit of 64 leaves MIN_CONNECTIONS).
+RESERVED_FDS = 48
 HEAD_TIMEOUT_S = 5.0
 # Prometheus keeps its connection between scrapes (every 15 s by default)
 IDLE_TIMEOUT_S = 60.0
@@ -80,7 +86,7 @@ def connection_cap() -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
-    return max(4, min(MAX_CONNECTIONS, soft // 4))
+    return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, (soft - RESERVED_FDS) // 2))
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -288,8 +294,9 @@ class Server:
         if not waiting:
             return False
         if reason == "cap":
-            why = f"{self.cap} connections were open (the cap: a quarter of the file limit, at "
-            why += f"most {MAX_CONNECTIONS}): closed the one that waited longest for its request"
+            why = (f"{self.cap} connections were open (the cap: half the file limit left past "
+                   f"the agent's own {RESERVED_FDS}, {MIN_CONNECTIONS} to {MAX_CONNECTIONS}): "
+                   "closed the one that waited longest for its request")  # fmt: skip
         else:
             why = self._out_of_fds() + ": closed the connection that waited longest for its request"
         self._drop(min(waiting, key=lambda c: c.waiting_since), reason, why)

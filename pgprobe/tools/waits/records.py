@@ -351,6 +351,31 @@ def pending_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[
     return out
 
 
+def open_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int, int], int]:
+    """(tid, wait_event_info) -> ns of the sleep under way at the read (@task state ASLEEP),
+    as records() charges it (_add_open: to the window's end, or the task's exit). woken: the
+    runqueue time after it instead (field WOKEN_AFTER + 1; the compiled object's only)."""
+    if snapshot is None:
+        return {}
+    start, end = window(snapshot)
+    exited = _ints(snapshot, "exit_ns")
+    out = {}
+    for (tid,), task in snapshot.get("task").items():
+        if not (isinstance(tid, int) and isinstance(task, tuple) and len(task) > 2):
+            continue
+        since, state, wei = task[0], task[1], task[2]
+        assert isinstance(since, int) and isinstance(wei, int)
+        if state != ASLEEP:
+            continue
+        if woken:
+            ns = task[WOKEN_AFTER + 1] if len(task) > WOKEN_AFTER + 1 else 0
+        else:
+            ns = min(end, exited.get(tid, end)) - max(since, start)
+        if isinstance(ns, int) and ns > 0:
+            out[(tid, wei)] = ns
+    return out
+
+
 def _add_totals(proc: Callable[[int], ProcessTime], pid: int, task: tuple[int, ...]) -> None:
     """A live task's running totals, kept in its @task entry (fields 4-6: on CPU,
     runqueue after a preemption, runqueue after a wakeup; 7-8: the wait event it last
