@@ -10,7 +10,7 @@ from typing import Any
 
 from pgprobe import waitevents
 from pgprobe.discover import Cluster, Targets
-from pgprobe.engines.base import Snapshot
+from pgprobe.engines.base import Log2Hist, Snapshot
 from pgprobe.tools.lwlocks.records import rows as lwlocks_rows
 from pgprobe.tools.lwlocks.records import sleep_records
 from pgprobe.tools.lwlocks.view import cells as lwlocks_cells
@@ -81,6 +81,23 @@ def test_a_window_with_sleep_time_and_no_sleep_ended_has_no_average() -> None:
     data = row.as_json()
     assert (data["waits"], data["total_us"], data["avg_us"]) == (0, 4.0, None)
     assert lwlocks_cells(row)["avg_us"] == "-"
+
+
+def test_a_sleep_under_way_is_in_the_total_not_in_the_average() -> None:
+    """One 100 us WALInsert sleep ended, another is under way since 1,000 ns before the
+    read: the total holds both (as the time model does), the average the ended one alone,
+    never above MAX (a CI run had AVG 471 us over MAX 131 us from an open 9 ms WALWrite)."""
+    hist = Log2Hist(((65_536, 131_071, 1),))
+    snap = snapshot(110_000, (109_000, records.ASLEEP, WAL_INSERT, 0, 0, 0, 0, 0, 0),
+                    {(7, WAL_INSERT): 100_000})  # fmt: skip
+    snap.maps["wait_hist"] = {(7, WAL_INSERT): hist}
+    (rec,) = sleep_records(snap, 15, clipped=False)
+    assert (rec.waits, rec.total_ns, rec.ended_ns) == (1, 101_000, 100_000)
+    targets = Targets(Cluster(1, "/bin/postgres", 150018, "15.18", None), [], True)
+    (row,) = lwlocks_rows([rec], targets, by_pid=False)
+    data = row.as_json()
+    assert (data["total_us"], data["avg_us"]) == (101.0, 100.0)
+    assert data["avg_us"] <= data["max_us"]
 
 
 def test_lost_warning_names_only_what_was_lost() -> None:

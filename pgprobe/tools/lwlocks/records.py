@@ -46,6 +46,8 @@ class WaitRecord:
     max_ns: int
     hist: Log2Hist
     runq_ns: int | None = None  # of total_ns: runqueue after wakeups (None: not measured)
+    # of total_ns: the sleeps that ended in the window, AVG's numerator (None: all of it)
+    ended_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,15 @@ class WaitRow:
     backend_type: str = ""
     application_name: str = ""
     runq_ns: int | None = None  # of total_ns: runqueue after wakeups (None: not measured)
+    ended_ns: int | None = None  # of total_ns: the sleeps that ended (None: all of it)
+
+    @property
+    def avg_ns(self) -> float | None:
+        """Per wait that ended: a sleep still under way at the read is in the total, not
+        in the count (sched source)."""
+        if not self.waits:
+            return None
+        return (self.total_ns if self.ended_ns is None else self.ended_ns) / self.waits
 
     def percentile_us(self, fraction: float) -> float:
         return histogram.percentile(self.hist, fraction, self.max_ns) / 1000
@@ -80,7 +91,7 @@ class WaitRow:
             mode=self.mode,
             waits=self.waits,
             total_us=round(self.total_ns / 1000, 3),
-            avg_us=round(self.total_ns / self.waits / 1000, 3) if self.waits else None,
+            avg_us=None if self.avg_ns is None else round(self.avg_ns / 1000, 3),
             p50_us=round(self.percentile_us(0.50), 3),
             p95_us=round(self.percentile_us(0.95), 3),
             p99_us=round(self.percentile_us(0.99), 3),
@@ -187,6 +198,10 @@ def sleep_records(
     charged, before = _sleep_ns(snapshot), _sleep_ns(previous)
     whole = measures_waits(snapshot)
     woken, woken_before = _sleep_ns(snapshot, True), _sleep_ns(previous, True)
+    # A task sleeps once at a time: an open sleep that began in the window is the part of
+    # the total not yet a wait; one that began before it is all of this window's total.
+    under_way = waits_records.open_waits(snapshot)
+    under_way_woken = waits_records.open_waits(snapshot, True)
     out = []
     for key in charged.keys() | woken.keys():
         tid, wei = key
@@ -203,9 +218,17 @@ def sleep_records(
         top = max((high for _, high, count in hist.buckets if count), default=0)
         top = top if clipped else min(top, total)
         tranche = waitevents.name(major, wei)[1]
+        ended = max(0, total - under_way.get(key, 0) - under_way_woken.get(key, 0))
         out.append(WaitRecord(tid, tranche, lwmode.mode(wei), hist.count, total, top, hist,
-                              runq if whole else None))  # fmt: skip
+                              runq if whole else None, ended))  # fmt: skip
     return out
+
+
+def _ended_ns(group: list[WaitRecord]) -> int | None:
+    """The group's time in sleeps that ended (None: every record's total is)."""
+    if all(r.ended_ns is None for r in group):
+        return None
+    return sum(r.total_ns if r.ended_ns is None else r.ended_ns for r in group)
 
 
 def rows(recs: Iterable[WaitRecord], targets: Targets, by_pid: bool) -> list[WaitRow]:
@@ -235,6 +258,7 @@ def rows(recs: Iterable[WaitRecord], targets: Targets, by_pid: bool) -> list[Wai
                 backend_type=backend.backend_type if backend else "",
                 application_name=backend.application_name if backend else "",
                 runq_ns=None if None in runq else sum(n or 0 for n in runq),
+                ended_ns=_ended_ns(group),
             )
         )
     out.sort(key=lambda r: (-r.total_ns, r.tranche, r.mode, r.pid or 0))
