@@ -62,6 +62,9 @@ TOOLS: dict[str, list[str]] = {
     "clog-reads": ["clog-reads", "-d", str(DURATION_S)],
     "clog-reads-bpftrace": ["clog-reads", "-d", str(DURATION_S), "--engine", "bpftrace"],
     "triage": ["triage", "-d", str(DURATION_S), "-o", "{out}.html"],
+    "hot": ["hot", "-d", str(DURATION_S)],
+    "locks": ["locks", "-d", str(DURATION_S)],
+    "queries": ["queries", "-d", str(DURATION_S)],
 }
 BUDGET_S = {5: 1.5, 1000: 2.5}  # issue 16: -d 1 wall with that many backends
 

@@ -53,6 +53,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "scalars.h"
+#include "hist.h"
 
 typedef _Bool bool;
 #define true 1
@@ -160,7 +161,6 @@ const volatile __u64 lwmode_off = 0;
 #define WAIT_CLASS_LWLOCK 0x01	/* ... of every LWLock:* event */
 #define MAX_TASKS 65536
 #define BEFORE_CAPTURE 2	/* waits.bt's "asleep since before the capture" event */
-#define HIST_SLOTS 48	/* 2^47 ns: 39 hours */
 #define SPAN_MAX 512	/* bytes of PgBackendStatus read at most (432 in 14-18) */
 #define TEXT_MAX 128
 #define MAX_QUERY_KEYS 262144
@@ -447,21 +447,6 @@ static __always_inline void set(void *map, __u32 tid, __u64 value)
 }
 
 /* The log2 slot of v (0 for 0; k for 2^(k-1) <= v < 2^k), as bpftrace's hist() */
-static __always_inline __u32 log2_slot(__u64 v)
-{
-	__u32 slot = 0;
-	if (v) {
-		slot = 1;
-		if (v >> 32) { v >>= 32; slot += 32; }
-		if (v >> 16) { v >>= 16; slot += 16; }
-		if (v >> 8) { v >>= 8; slot += 8; }
-		if (v >> 4) { v >>= 4; slot += 4; }
-		if (v >> 2) { v >>= 2; slot += 2; }
-		if (v >> 1) { slot += 1; }
-	}
-	return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
-}
-
 /* The running total of `wei` (time and sleeps) to @wait_ns and @wait_hist: its event changes. */
 static __always_inline void flush(struct task_state *t, __u32 tid)
 {
@@ -814,10 +799,23 @@ static __always_inline __u64 spanned(__u64 act, __u64 from, __u64 len)
  * interval the same way at a read (with slept_p when the entry has it); keep the
  * two alike.
  */
-static __always_inline void close_interval(struct task_state *t, __u32 tid, __u64 now,
-					   __u64 cpu, __u64 rd, __u64 nv, __u64 known, __u64 tail,
-					   struct query *q)
+/* close_interval's scalars: a global function takes five arguments at most. */
+struct closing {
+	__u64 now, cpu, rd, nv, known, tail;
+	__u32 tid;
+};
+
+/*
+ * A global function: verified once, on its own, not at each of its paths through
+ * on_switch (inlined, it was most of the verifier's ~0.34 s of CPU at each load).
+ */
+__noinline int close_interval(struct task_state *t, struct closing *c, struct query *q)
 {
+	if (!t || !c || !q)
+		return 0;
+	__u32 tid = c->tid;
+	__u64 now = c->now, cpu = c->cpu, rd = c->rd, nv = c->nv, known = c->known;
+	__u64 tail = c->tail;
 	__u64 span = now > t->since ? now - t->since : 0, dcpu = cpu - t->cpu0;
 	__u64 dq = rd - t->rd0, woken, slept, sleeps = nv - t->nv0, wei = t->a;
 
@@ -885,19 +883,19 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 		 */
 		if (sleeps != 1 || t->state == SEEDED_RUNNING) {
 			if (sleeps == 1)
-				return;	/* running at the seed: the clocks' difference */
+				return 0;	/* running at the seed: the clocks' difference */
 			wei = BEFORE_CAPTURE;
 		}
 	} else if (sleeps != 1) {
 		/* a sleep not seen (the kernel skipped this program): not charged, said */
 		if (sleeps > 1)
 			add2(&unseen, 3, tid, sleeps - 1);
-		return;
+		return 0;
 	} else if (t->state != ASLEEP) {
-		return;	/* forked: no sleep before this one */
+		return 0;	/* forked: no sleep before this one */
 	}
 	if (!slept)
-		return;
+		return 0;
 	/* to the running total of the last wait event; to the maps when it changes */
 	if (t->wei != wei)
 		flush(t, tid);
@@ -913,6 +911,7 @@ static __always_inline void close_interval(struct task_state *t, __u32 tid, __u6
 		t->hist[slot]++;
 		t->hist_used |= 1ULL << slot;
 	}
+	return 0;
 }
 
 /*
@@ -1027,6 +1026,9 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	struct query q = { 0, Q_NO_ENTRY, 0, 0, false };
 	__u32 wei = 0;
 	bool wei_read = false, wei_ok = false;
+	/* one call of close_interval for the three ways in (below) */
+	bool closing = false;
+	__u64 known = 0;
 	if (t) {
 		if (query_span && !dead) {
 			wei_ok = raw_wait_event(t, &wei);
@@ -1041,8 +1043,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				bpf_map_delete_elem(&exit_query, &tid);
 			}
 		}
-		__u64 known = t->rd_p ? t->slept_p : first_sleep(t, prev, now, rd);
-		close_interval(t, tid, end, cpu, rd, nv, known, now - end, &q);
+		known = t->rd_p ? t->slept_p : first_sleep(t, prev, now, rd);
+		closing = true;
 	} else {
 		/*
 		 * Not seeded yet, its fork not seen: from @start (counters at the window's
@@ -1068,13 +1070,17 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			t->cpu0 = s->cpu0;
 			t->rd0 = s->rd0;
 			t->nv0 = s->nv0;
-			close_interval(t, tid, end, cpu, rd, nv, 0, now - end, &q);
+			closing = true;
 		} else if (window && *window && *window < born && born < now && !only_pid) {
 			set(&born_ns, tid, born);
 			t->since = born;
 			t->state = STARTED;
-			close_interval(t, tid, end, cpu, rd, nv, 0, now - end, &q);
+			closing = true;
 		}
+	}
+	if (closing) {
+		struct closing c = { end, cpu, rd, nv, known, now - end, tid };
+		close_interval(t, &c, &q);
 	}
 	if (dead) {
 		/* its final switch-out: running totals to the maps (its end is in @exit_ns) */

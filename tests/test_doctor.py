@@ -24,7 +24,7 @@ Recorder = Callable[[str, str], None]
 NEEDED = ("root", "bpftrace", "btf", "tracepoints", "perf sampling", "uprobes", "usdt",
           "server binary", "usdt probes", "postgresql version", "wait event address",
           "backend state address", "connection", "waits compiled", "sampler compiled",
-          "slru compiled")  # fmt: skip
+          "slru compiled", "lwlocks compiled")  # fmt: skip
 
 
 def doctor(cluster: PgCluster, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -54,10 +54,13 @@ def test_doctor_without_bpftrace_says_so_and_fails(
     assert checks["bpftrace"]["status"] == "fail"
     assert "apt-get install bpftrace" in checks["bpftrace"]["fix"]
     assert code != 0
-    assert set(doc["meta"]["blocked_tools"]) >= {"lwlocks", "clog-reads"}
-    # flame, hot and waits run from their compiled objects (scripts/build-bpf built them)
-    assert checks["sampler compiled"]["status"] == checks["waits compiled"]["status"] == "ok"
-    assert not {"flame", "hot", "waits"} & set(doc["meta"]["blocked_tools"]), doc["meta"]
+    assert "triage" in doc["meta"]["blocked_tools"]
+    # flame, hot, waits, lwlocks and clog-reads run from their compiled objects
+    # (scripts/build-bpf built them)
+    compiled = ("sampler compiled", "waits compiled", "slru compiled", "lwlocks compiled")
+    assert {checks[c]["status"] for c in compiled} == {"ok"}, checks
+    spared = {"flame", "hot", "waits", "lwlocks", "clog-reads"}
+    assert not spared & set(doc["meta"]["blocked_tools"]), doc["meta"]
 
 
 def test_flame_and_waits_run_without_bpftrace(
@@ -81,12 +84,31 @@ def test_flame_and_waits_run_without_bpftrace(
     assert abs(total_s - doc["meta"]["window_s"]) <= 0.02 * doc["meta"]["window_s"], doc
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["lwlocks"], ["lwlocks", "--source", "usdt"], ["clog-reads"], ["locks"], ["queries"]],
+    ids=["lwlocks", "lwlocks-usdt", "clog-reads", "locks", "queries"],
+)
+def test_the_other_compiled_tools_run_without_bpftrace(
+    cluster: PgCluster, tracing: None, tmp_path: Path, args: list[str]
+) -> None:
+    """The rest of what doctor spares: each from its object, none asks for bpftrace."""
+    env = {"PATH": str(tmp_path), "PGPROBE_BPFTRACE": ""}
+    done = run_pgprobe([*args, *cluster.conn_args, "-d", "1", "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads(done.stdout)["meta"]
+    assert meta["engine"] == "libbpf" and not meta["warnings"], meta
+
+
 def test_doctor_table_names_the_blocked_tools(cluster: PgCluster, tmp_path: Path) -> None:
     done = run_pgprobe(["doctor", *cluster.conn_args], env={"PATH": str(tmp_path)})
     assert done.returncode != 0
     assert "bpftrace not found" in done.stdout
     last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("ready in part: runs here: flame, hot, waits; cannot run: "), last
+    assert (
+        last
+        == "ready in part: runs here: lwlocks, clog-reads, flame, hot, waits; cannot run: triage"
+    ), last
 
 
 def test_doctor_reads_my_wait_event_info(cluster: PgCluster, tracing: None) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import bpftrace_child, need, perf_event_fds, run_pgprobe
+from helpers import bpf_link_fds, bpftrace_child, need, perf_event_fds, run_pgprobe
 
 from pgprobe.sandbox import PgCluster
 
@@ -28,6 +28,10 @@ pytestmark = pytest.mark.integration
 NO_GUARD = ("--max-events-per-sec", "0")
 # The USDT source, asked for (the default is the scheduler's), without its guard.
 USDT = ("--source", "usdt", *NO_GUARD)
+# The USDT source from the compiled object (the default where it is built) and from the script.
+ENGINES = pytest.mark.parametrize(
+    "engine", [("libbpf", ()), ("bpftrace", ("--engine", "bpftrace"))], ids=["compiled", "bpftrace"]
+)
 REAL_TRANCHES = {"WALWrite", "LockManager", "BufferContent", "WALInsert", "ProcArray", "XactSLRU"}
 
 
@@ -117,16 +121,19 @@ def assert_coherent(row: dict[str, Any], sleeps: bool = False) -> None:
         assert abs(row["total_us"] - row["waits"] * row["avg_us"]) <= slack, row
 
 
-def test_lwlocks_whole_cluster_under_pgbench(load: PgCluster) -> None:
+@ENGINES
+def test_lwlocks_whole_cluster_under_pgbench(
+    load: PgCluster, engine: tuple[str, tuple[str, ...]]
+) -> None:
     sampler = ActivitySampler(load)
     sampler.start()
-    doc = lwlocks_json(load, "-d", "5")
+    doc = lwlocks_json(load, "-d", "5", *engine[1])
     sampler.stop.set()
     sampler.join()
 
     assert doc["tool"] == "lwlocks"
     meta = doc["meta"]
-    assert meta["engine"] == "bpftrace"
+    assert meta["engine"] == engine[0], meta
     assert meta["postmaster_pid"] == load.postmaster_pid
     assert meta["postgres_version_num"] >= 130000
     assert 4.5 <= meta["duration_s"] <= 7
@@ -180,8 +187,12 @@ def test_lwlocks_filter_by_application(load: PgCluster) -> None:
     assert doc["meta"]["target"] == "pids"
 
 
-def test_lwlocks_interval_prints_a_table_per_interval(load: PgCluster) -> None:
-    done = run_pgprobe(["lwlocks", *USDT, *load.conn_args, "-d", "4", "--interval", "1", "--json"])
+@ENGINES
+def test_lwlocks_interval_prints_a_table_per_interval(
+    load: PgCluster, engine: tuple[str, tuple[str, ...]]
+) -> None:
+    done = run_pgprobe(["lwlocks", *USDT, *load.conn_args, "-d", "4", "--interval", "1",
+                        "--json", *engine[1]])  # fmt: skip
     assert done.returncode == 0, done.stderr
     docs = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     # 4 one-second intervals, and what the last moments left at exit
@@ -189,6 +200,7 @@ def test_lwlocks_interval_prints_a_table_per_interval(load: PgCluster) -> None:
     assert docs[-1]["meta"]["final"] is True
     assert all(d["meta"]["interval"] == 1 for d in docs)
     assert sum(1 for d in docs if d["rows"]) >= 3
+    assert all(d["meta"]["engine"] == engine[0] for d in docs)
 
 
 def test_lwlocks_plain_table_when_piped(load: PgCluster) -> None:
@@ -214,12 +226,15 @@ def test_lwlocks_pid_without_connection_uses_proc(load: PgCluster) -> None:
 
 
 def wait_attached(child: subprocess.Popen[str], timeout: float = 60) -> None:
-    """Until pgprobe's bpftrace holds its perf events (a fixed sleep is too short when the
-    machine is loaded: SIGINT then lands before the probes attach); fails when pgprobe
-    ends first or it does not attach within `timeout`."""
+    """Until pgprobe holds the compiled object's links (both programs at a site each at
+    least), or its bpftrace its perf events (a fixed sleep is too short when the machine is
+    loaded: SIGINT then lands before the probes attach); fails when pgprobe ends first or
+    it does not attach within `timeout`."""
     wanted = (os.cpu_count() or 1) + 1
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and child.poll() is None:
+        if bpf_link_fds(child.pid) >= 2:
+            return
         pid = bpftrace_child(child.pid)
         if pid is not None and perf_event_fds(pid) >= wanted:
             return
@@ -229,41 +244,33 @@ def wait_attached(child: subprocess.Popen[str], timeout: float = 60) -> None:
     pytest.fail(f"bpftrace did not attach within {timeout:.0f} s: {child.communicate(timeout=60)}")
 
 
-def test_ctrl_c_prints_what_was_collected(load: PgCluster) -> None:
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pgprobe",
-            "lwlocks",
-            *USDT,
-            *load.conn_args,
-            "-d",
-            "60",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def usdt_running(load: PgCluster, *extra: str) -> subprocess.Popen[str]:
+    """`pgprobe lwlocks --source usdt -d 60`, started (to be stopped by a signal)."""
+    argv = [sys.executable, "-m", "pgprobe", "lwlocks", *USDT, *load.conn_args, "-d", "60", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@ENGINES
+def test_ctrl_c_prints_what_was_collected(
+    load: PgCluster, engine: tuple[str, tuple[str, ...]]
+) -> None:
+    child = usdt_running(load, "--json", *engine[1])
     wait_attached(child)
     load_went_on(load)  # some waits to collect
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
     doc = json.loads(out)
-    assert doc["meta"]["interrupted"] is True
+    assert doc["meta"]["interrupted"] is True and doc["meta"]["engine"] == engine[0]
     assert doc["meta"]["duration_s"] < 10
     assert doc["rows"]
 
 
-def test_sigterm_also_prints_what_was_collected(load: PgCluster) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-m", "pgprobe", "lwlocks", *USDT, *load.conn_args, "-d", "60"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+@ENGINES
+def test_sigterm_also_prints_what_was_collected(
+    load: PgCluster, engine: tuple[str, tuple[str, ...]]
+) -> None:
+    child = usdt_running(load, *engine[1])
     wait_attached(child)
     load_went_on(load)
     child.terminate()

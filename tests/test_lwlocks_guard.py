@@ -18,7 +18,8 @@ import pytest
 from helpers import run_pgprobe
 
 from pgprobe.sandbox import PgCluster
-from pgprobe.tools.lwlocks.probe import DEFAULT_MAX_FIRES_PER_S, FIRE_COST_US
+from pgprobe.tools.lwlocks.guard import FIRE_COST_US
+from pgprobe.tools.lwlocks.probe import DEFAULT_MAX_FIRES_PER_S
 
 pytestmark = pytest.mark.integration
 
@@ -48,22 +49,28 @@ def lwlocks(pg: PgCluster, *extra: str) -> tuple[dict[str, Any], str, float]:
     return doc, done.stderr, wall
 
 
-def test_guard_stops_early_and_keeps_what_it_counted(contention: PgCluster) -> None:
-    doc, stderr, wall = lwlocks(contention, "-d", "20", "--max-events-per-sec", "50")
+@pytest.mark.parametrize("engine", ["libbpf", "bpftrace"])
+def test_guard_stops_early_and_keeps_what_it_counted(contention: PgCluster, engine: str) -> None:
+    """The compiled object (its guard in pgprobe, at its ticks) and the script (its own)."""
+    asked = ("--engine", "bpftrace") if engine == "bpftrace" else ()
+    doc, stderr, wall = lwlocks(contention, "-d", "20", "--max-events-per-sec", "50", *asked)
     meta = doc["meta"]
+    assert meta["engine"] == engine, meta
     assert meta["stopped_by_guard"] is True, meta
     assert meta["max_events_per_sec"] == 50
     assert meta["fires_per_s"] > 50
     # The window: the script's, from BEGIN (the probes attach right after) to the stop
-    # (its interval probe, each second); the run itself ended long before -d 20.
+    # (its interval probe, each second), or the object's, from its attach to the tick that
+    # stopped it; the run itself ended long before -d 20.
     captured = meta["captured_s"]
     assert meta["duration_s"] == captured
     assert 1.0 <= captured < 20 and wall < 20
     assert captured < wall
     assert not meta["partial"] and meta["tracer_ended_early"] is None
     # The table is what was counted up to the stop: every recorded wait, no more. The
-    # guard's counters are bpftrace 0.17 `@x++` (not atomic across CPUs: a few per
-    # thousand can be lost, measured 4 in 9,986), the table's stats() are atomic.
+    # script's counters are bpftrace 0.17 `@x++` (not atomic across CPUs: a few per
+    # thousand can be lost, measured 4 in 9,986), the table's stats() are atomic; the
+    # object's are atomic (a wait under way at the stop can add one after the count).
     rows = doc["rows"]
     assert rows
     waits, counted, fires = (

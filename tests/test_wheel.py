@@ -83,7 +83,8 @@ def test_wheel_carries_the_compiled_objects(fresh_wheel: Path) -> None:
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     assert fresh_wheel.name.endswith(f"-py3-none-{platform}.whl"), fresh_wheel.name
     with zipfile.ZipFile(fresh_wheel) as whl:
-        objs = [whl.read(OBJECT), whl.read(OBJECT.replace("waits", "profile"))]
+        objs = [whl.read(OBJECT.replace("waits", name))
+                for name in ("waits", "profile", "clog_reads", "lwlock_wait")]  # fmt: skip
         wheel_meta = whl.read("pgprobe-0.1.0.dist-info/WHEEL").decode()
         assert "pgprobe/bpf/waits.bt" in whl.namelist()  # the fallbacks, still there
         assert "pgprobe/bpf/profile.bt" in whl.namelist()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pgprobe import engines, scripts, timings
 from pgprobe.engines import libbpf
-from pgprobe.engines.base import Event, RunInfo, Snapshot, TickCallback
+from pgprobe.engines.base import Capture, Event, RunInfo, Snapshot, TickCallback
 from pgprobe.engines.runner import TICK_S, StopSignals
 from pgprobe.errors import EXIT_TRACER, PgprobeError
 from pgprobe.scripts import script_path
@@ -73,6 +73,29 @@ def why_not(ns: argparse.Namespace, name: str) -> str | None:
     return libbpf.unavailable()
 
 
+def object_or_script(
+    ns: argparse.Namespace,
+    name: str,
+    from_object: Callable[[], Capture],
+    from_script: Callable[[], Capture],
+    instead: str,
+    wanted: bool = True,
+) -> Capture:
+    """Object `name`'s capture where it is built and this kernel loads it, else the script's,
+    with why not in one line ("<why>: <instead>"); nothing said where the script was asked
+    for (--engine bpftrace, DTrace, or not `wanted`: a form only the script has)."""
+    why = why_not(ns, name) if wanted else ""
+    if why is None:
+        try:
+            return from_object()
+        except libbpf.LibbpfError as e:
+            why = f"bpf/build/{name} did not load here ({e})"
+    running = from_script()
+    if why:
+        running.info.warnings.append(f"{why}: {instead}")
+    return running
+
+
 class CompiledCapture:
     """One run of a compiled object; iterate `events()` for snapshots."""
 
@@ -90,6 +113,7 @@ class CompiledCapture:
         uprobes: dict[str, tuple[str, str]] | None = None,
         sampled: dict[str, int] | None = None,
         every_tick: Callable[[libbpf.BpfObject], None] | None = None,
+        usdt: dict[str, tuple[str, str, str]] | None = None,
     ) -> None:
         self.path = path
         self.rodata = rodata
@@ -108,9 +132,9 @@ class CompiledCapture:
         # raises LibbpfError now, and the tool can run its bpftrace script instead.
         self._started = time.monotonic()
         timings.mark("libbpf-spawned")  # loading starts (the marks the bench reads in pairs)
-        # off: programs not asked for; uprobes: where the uprobe programs attach; sampled:
-        # the perf_event programs' Hz
-        self._obj = libbpf.BpfObject(self.path, self.rodata, off, uprobes, sampled)
+        # off: programs not asked for; uprobes, usdt: where the uprobe and USDT programs
+        # attach; sampled: the perf_event programs' Hz
+        self._obj = libbpf.BpfObject(self.path, self.rodata, off, uprobes, sampled, usdt)
 
     def request_stop(self) -> None:
         self._stop = True

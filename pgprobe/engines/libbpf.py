@@ -10,9 +10,9 @@ bpftrace's own dependency, so present wherever bpftrace is, and nothing to build
 Every failure is a LibbpfError of one line; libbpf's own messages never reach the
 terminal: they are kept in BpfObject.log.
 
-Kept in one module (~500 lines): the prototypes, the object's life (open, load, attach:
-tracepoints, uprobes, perf events), its map reads (in batches where the kernel has them)
-and its ring buffers share one library handle, one message sink and one error path.
+Kept in one module (~510 lines): the prototypes, the object's life (open, load, attach:
+tracepoints, uprobes, USDT probes, perf events), its map reads (in batches where the kernel
+has them) and its ring buffers share one library handle, one message sink and one error path.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_program__name": (ctypes.c_char_p, [_V]), "bpf_program__fd": (_INT, [_V]),
     "bpf_program__attach": (_V, [_V]), "bpf_link__destroy": (_INT, [_V]),
     "bpf_program__attach_uprobe_opts": (_V, [_V, _INT, ctypes.c_char_p, ctypes.c_size_t, _V]),
+    "bpf_program__attach_usdt": (_V, [_V, _INT, ctypes.c_char_p, ctypes.c_char_p,
+                                      ctypes.c_char_p, _V]),
     "bpf_program__set_autoload": (_INT, [_V, ctypes.c_bool]),
     "bpf_map__initial_value": (_V, [_V, ctypes.POINTER(ctypes.c_size_t)]),
     "bpf_map__fd": (_INT, [_V]), "bpf_map__type": (_INT, [_V]),
@@ -239,14 +241,18 @@ class BpfObject:
         off: frozenset[str] = frozenset(),
         uprobes: dict[str, tuple[str, str]] | None = None,
         sampled: dict[str, int] | None = None,
+        usdt: dict[str, tuple[str, str, str]] | None = None,
     ) -> None:
         """off: programs neither loaded nor attached (a part of the object not asked for);
         uprobes: program -> (binary, function) for its SEC("uprobe") programs, which name
         no place of their own (libbpf finds the function's offset in the binary); sampled:
-        program -> Hz for its SEC("perf_event") programs (a cpu-clock event per CPU)."""
+        program -> Hz for its SEC("perf_event") programs (a cpu-clock event per CPU); usdt:
+        program -> (binary, provider, probe) for its SEC("usdt") programs (libbpf finds
+        every site of the probe and its arguments' places, and counts its semaphore)."""
         self.path = path
         self.off = off
         self.uprobes = uprobes or {}
+        self.usdt = usdt or {}
         self.sampled = sampled or {}
         self.log: list[str] = []
         self._obj: int | None = None
@@ -321,6 +327,11 @@ class BpfObject:
                 opts = _UprobeOpts(ctypes.sizeof(_UprobeOpts), 0, 0, False, function.encode())
                 link = lib.bpf_program__attach_uprobe_opts(
                     prog, -1, os.fsencode(binary), 0, ctypes.byref(opts))  # fmt: skip
+            elif name in self.usdt:
+                binary, provider, probe = self.usdt[name]
+                link = lib.bpf_program__attach_usdt(
+                    prog, -1, os.fsencode(binary), provider.encode(), probe.encode(), None
+                )
             else:
                 link = lib.bpf_program__attach(prog)
             err = lib.libbpf_get_error(link)  # NULL and errno on failure, in libbpf 1.x

@@ -31,10 +31,10 @@ from __future__ import annotations
 import gzip
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pgprobe.render.pprof_proto import profile_pb2
-
-Profile = profile_pb2.Profile
+if TYPE_CHECKING:
+    from pgprobe.render.pprof_proto.profile_pb2 import Profile as Profile
 LabelValue = str | int
 
 
@@ -95,7 +95,7 @@ def build(
     Raises ValueError when a sample has not one value per sample type.
     """
     strings = _Strings()
-    profile = Profile()
+    profile = _message()
     for vt in sample_types:
         profile.sample_type.add(type=strings(vt.type), unit=strings(vt.unit))
     if default_type is not None:
@@ -154,6 +154,14 @@ def build(
     return profile
 
 
+def _message() -> Profile:
+    """An empty Profile message. protobuf is imported here, when a profile is made: the
+    commands that write none (most runs) do not pay its ~15 ms of import."""
+    from pgprobe.render.pprof_proto import profile_pb2
+
+    return profile_pb2.Profile()
+
+
 def render(profile: Profile) -> bytes:
     """A built profile serialized and gzipped, as pprof files are stored and served."""
     # mtime=0: the same profile gives the same bytes.
@@ -164,6 +172,6 @@ def read(data: bytes) -> Profile:
     """A Profile message from pprof bytes, gzipped or not (for tests and tools)."""
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    profile = Profile()
+    profile = _message()
     profile.ParseFromString(data)
     return profile

@@ -23,7 +23,7 @@ from pgprobe.literal import literal
 from pgprobe.pgstats import SlruStats
 from pgprobe.stacks import fold, write_folded
 from pgprobe.tools import aliases, bystatement, common, pprof_export, profiling
-from pgprobe.tools.clog_reads import stacks, statements, view
+from pgprobe.tools.clog_reads import compiled, stacks, statements, view
 from pgprobe.tools.clog_reads.probe import (
     MODE_AGGREGATE,
     MODE_STACKS,
@@ -290,7 +290,9 @@ def run(ns: argparse.Namespace) -> int:
         raise PgprobeError("--trace needs --source syscalls (the uprobe has no files, "
                            "offsets or latency)", EXIT_USAGE)  # fmt: skip
     by_statement = statements.check(ns)
-    targets = common.prepare(ns, check_server)
+    # the uprobe's counts come from bpf/clog_reads.bpf.o where it loads: no bpftrace needed
+    uprobe_only = ns.source in (None, "uprobe") and not ns.stacks and not ns.trace
+    targets = common.prepare(ns, check_server, compiled.OBJECT if uprobe_only else None)
     where = statements.where(ns, targets) if by_statement else list(bystatement.NO_READ)
     slrus = selected_slrus(ns.slru, targets.cluster.major if targets.cluster.version_num else 99)
     stats = SlruStats.open(targets.cluster)

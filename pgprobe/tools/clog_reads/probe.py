@@ -20,7 +20,7 @@ from elftools.common.exceptions import ELFError
 
 from pgprobe import engines, pgstats
 from pgprobe.discover import Targets
-from pgprobe.engines import bpftrace, libbpf
+from pgprobe.engines import bpftrace
 from pgprobe.engines import compiled as engine
 from pgprobe.engines.base import (
     AggValue,
@@ -350,17 +350,17 @@ def start_uprobe(
     script = UPROBE_STACKS_SCRIPT if mode == MODE_STACKS else UPROBE_SCRIPT
     args = uprobe_args(targets, index_mask(order, slrus), interval)
     args = with_statement(args, os.getpid() if signal_window else 0, statement)
-    why = engine.why_not(ns, compiled.OBJECT) if mode != MODE_STACKS else ""
-    if why is None:
-        duration = getattr(ns, "duration", None)
-        try:
-            inner = compiled.capture(args, duration, interval, targets.cluster.binary)
-            return UprobeCapture(inner, order)
-        except libbpf.LibbpfError as e:
-            why = f"this kernel refused bpf/build/{compiled.OBJECT} ({e})"
-    capture = common.capture(ns, script, args, UPROBE_MAPS, env=map_env(mode))
-    if why:
-        capture.info.warnings.append(f"{why}: ran bpf/{script}.bt")
-    if signal_window and isinstance(capture, bpftrace.BpftraceCapture):
-        capture.process.stops_on_signal = True
+
+    def from_script() -> Capture:
+        capture = common.capture(ns, script, args, UPROBE_MAPS, env=map_env(mode))
+        if signal_window and isinstance(capture, bpftrace.BpftraceCapture):
+            capture.process.stops_on_signal = True
+        return capture
+
+    duration = getattr(ns, "duration", None)
+    capture = engine.object_or_script(
+        ns, compiled.OBJECT,
+        lambda: compiled.capture(args, duration, interval, targets.cluster.binary),
+        from_script, f"ran bpf/{script}.bt", wanted=mode != MODE_STACKS,
+    )  # fmt: skip
     return UprobeCapture(capture, order)

@@ -13,6 +13,7 @@ from pgprobe.tools.doctor import view
 from pgprobe.tools.doctor.machine import (
     check_bpftrace,
     check_btf,
+    check_compiled_lwlocks,
     check_compiled_sampler,
     check_compiled_slru,
     check_compiled_waits,
@@ -61,7 +62,7 @@ def run(ns: argparse.Namespace) -> int:
 def diagnose(opts: discover.ConnOptions) -> list[Check]:
     checks = [check_root(), *check_bpftrace(), check_btf(), check_tracefs(),
               check_compiled_waits(), check_compiled_sampler(),
-              check_compiled_slru()]  # fmt: skip
+              check_compiled_slru(), check_compiled_lwlocks()]  # fmt: skip
     cluster, conn_check = find_cluster(opts)
     binary = cluster.binary if cluster else default_binary()
     root_ok = checks[0].status == "ok"

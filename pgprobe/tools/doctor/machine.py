@@ -17,6 +17,7 @@ from pgprobe.engines import compiled as engine
 from pgprobe.errors import PgprobeError
 from pgprobe.tools.clog_reads import compiled as slru_compiled
 from pgprobe.tools.doctor.records import Check
+from pgprobe.tools.lwlocks import compiled as lwlock_compiled
 from pgprobe.tools.profiling import compiled as profile_compiled
 from pgprobe.tools.waits import compiled as waits_compiled
 
@@ -95,6 +96,15 @@ def check_compiled_slru() -> Check:
                          attach=False)  # fmt: skip
 
 
+def check_compiled_lwlocks() -> Check:
+    """Whether lwlocks --source usdt (and triage on 13) times the waits from its compiled
+    object here (loaded for real; its USDT probes attach to the server binary at each
+    capture)."""
+    return _check_object("lwlocks compiled", lwlock_compiled.OBJECT,
+                         "lwlocks --source usdt runs bpf/lwlock_wait.bt in bpftrace (~100 MiB)",
+                         attach=False)  # fmt: skip
+
+
 def _check_object(
     name: str,
     object_name: str,
@@ -105,7 +115,8 @@ def _check_object(
 ) -> Check:
     """An object loaded (the verifier takes it) and attached for real (its programs filter on
     a postmaster of pid 0: they count nothing), then closed; off: programs left out; attach
-    False: loaded only (a uprobe's place is the server binary, known at the capture)."""
+    False: loaded only (a uprobe's or a USDT probe's place is the server binary, known at
+    the capture)."""
     path = engine.object_path(object_name)
     if path is None:
         return Check(name, "warn", f"{engine.not_built(object_name)}: {fallback}",

@@ -26,11 +26,19 @@ NEEDS = {
     "waits compiled": (),  # waits runs bpf/waits.bt instead
     "sampler compiled": (),  # flame and hot run bpf/profile.bt instead
     "slru compiled": (),  # clog-reads runs bpf/clog_reads_uprobe.bt instead
+    "lwlocks compiled": (),  # lwlocks --source usdt runs bpf/lwlock_wait.bt instead
 }
 # The checks a tool no longer needs where its compiled object loads and attaches: it then
 # runs without bpftrace (pgprobe.engines.compiled).
-SPARED_BY = {"sampler compiled": ("flame", "hot"), "waits compiled": ("waits",)}
-TRACER_CHECKS = ("bpftrace", "tracepoints", "perf sampling")
+# lwlocks' default source is the time model's; clog-reads' the SLRU uprobe's.
+SPARED_BY = {
+    "sampler compiled": ("flame", "hot"),
+    "waits compiled": ("waits", "lwlocks"),
+    "slru compiled": ("clog-reads",),
+}
+# The checks bpftrace makes (not tried without it); a compiled object's own attach says
+# at each capture whether its kind of probe works.
+TRACER_CHECKS = ("bpftrace", "tracepoints", "perf sampling", "uprobes")
 # A tool that still runs, with a part left out, when another tool cannot run.
 IN_PART = {
     "waits compiled": {
@@ -41,6 +49,12 @@ IN_PART = {
     "sampler compiled": {
         "flame": "from bpf/profile.bt: a bpftrace process (~100 MiB) and its stack map",
         "hot": "from bpf/profile.bt: a bpftrace process (~100 MiB) and its stack map",
+    },
+    "slru compiled": {
+        "clog-reads": "from bpf/clog_reads_uprobe.bt: a bpftrace process (~100 MiB)",
+    },
+    "lwlocks compiled": {
+        "lwlocks": "--source usdt from bpf/lwlock_wait.bt: a bpftrace process (~100 MiB)",
     },
     "usdt probes": {
         "lwlocks": "without --source usdt (exact counts per wait)",

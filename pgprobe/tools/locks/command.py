@@ -60,7 +60,7 @@ def dimension(ns: argparse.Namespace, targets: Targets) -> tuple[address.WaitEve
 
 def run(ns: argparse.Namespace) -> int:
     common.check_interval(ns)
-    targets = common.prepare(ns, probe.check_server)
+    targets = common.prepare(ns, probe.check_server, compiled.OBJECT)
     where, dim = dimension(ns, targets)
     discovered = identities(run_counts(watched(targets)))
     args = probe.script_args(targets, where, ns.interval)

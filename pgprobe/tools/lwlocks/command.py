@@ -12,6 +12,7 @@ from pgprobe.engines.base import RunInfo, Snapshot
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import bystatement, common
 from pgprobe.tools.lwlocks import bystatement as lwlock_statements
+from pgprobe.tools.lwlocks import compiled as lwlock_compiled
 from pgprobe.tools.lwlocks import guard, view
 from pgprobe.tools.lwlocks.probe import (
     DEFAULT_MAX_FIRES_PER_S,
@@ -32,6 +33,7 @@ from pgprobe.tools.lwlocks.records import (
     unmatched_warning,
 )
 from pgprobe.tools.queries import command as queries_command
+from pgprobe.tools.waits import compiled as waits_compiled
 from pgprobe.tools.waits import probe as waits_probe
 
 NAME = "lwlocks"
@@ -88,7 +90,10 @@ def run(ns: argparse.Namespace) -> int:
     by_pid = ns.by == "pid"
     common.check_interval(ns)
     sources: list[str] = []
-    targets = common.prepare(ns, lambda t: sources.append(pick_source(ns, t)))
+    # the object of the source asked for (auto: the scheduler's but on 13, known only later)
+    usdt = ns.source == "usdt"
+    targets = common.prepare(ns, lambda t: sources.append(pick_source(ns, t)),
+                             lwlock_compiled.OBJECT if usdt else waits_compiled.OBJECT)  # fmt: skip
     source = sources[0]
     modes_read = True  # the USDT probes pass the mode
     if source == SCHED:
@@ -151,7 +156,7 @@ def by_query(ns: argparse.Namespace) -> int:
         raise PgprobeError("--by query comes from the time model keyed by statement: not with "
                            "--source usdt (its waits are not kept per statement)",
                            EXIT_USAGE)  # fmt: skip
-    targets = common.prepare(ns, waits_probe.check_server)
+    targets = common.prepare(ns, waits_probe.check_server, waits_compiled.OBJECT)
     got = queries_command.capture_statements(ns, targets)
     rows = got.rows
     if ns.query_id is not None:

@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgprobe.engines.base import Capture, Event, Line, RunInfo, Snapshot, TickCallback
-from pgprobe.tools.lwlocks.probe import FIRE_COST_US
 
 MARKER = "@@guard"
+# Each probe fire (two per wait) costs about FIRE_COST_US of CPU on the 2-CPU VM of
+# docs/benchmarks.md (bench2, contention workload: BPF 0.6-2 us + the uprobe trap ~16 us,
+# 16.9-17.3 us all in), paid as long as the probes are attached: only detaching bounds it.
+FIRE_COST_US = 17
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,12 @@ class GuardStop:
             f"would cost about {share:.1f} % of a CPU (about {FIRE_COST_US} µs each here); "
             "raise --max-events-per-sec or use --source sched"
         )
+
+
+def marker(stop: GuardStop) -> str:
+    """The marker line the script prints (the compiled object's capture makes it too)."""
+    return "\t".join(str(v) for v in (MARKER, stop.captured_ms, stop.fires_last_s, stop.fires,
+                                      stop.waits))  # fmt: skip
 
 
 def parse(text: str) -> GuardStop | None:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 from pgprobe import engines, usdt, waitevents
 from pgprobe.discover import Targets
+from pgprobe.engines import compiled as engine
 from pgprobe.engines.base import Capture, KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, EXIT_USAGE, PgprobeError
 from pgprobe.tools import common
+from pgprobe.tools.lwlocks import compiled
 from pgprobe.tools.waits import probe as waits_probe
 from pgprobe.waitevents import address, lwmode
 
@@ -37,12 +39,8 @@ MAPS = (
 # Where the figures come from: the LWLock wait probes, or the scheduler (sleeps).
 USDT, SCHED = "usdt", "sched_switch"
 
-# The --max-events-per-sec guard (USDT source only). Each probe fire (two per wait)
-# costs about FIRE_COST_US of CPU on the 2-CPU VM of docs/benchmarks.md (bench2,
-# contention workload: BPF 0.6-2 us + the uprobe trap ~16 us, 16.9-17.3 us all in),
-# paid as long as the probes are attached: only detaching bounds it. 1,000 fires/s
-# x 17 us = 1.7 % of one CPU, the default bound; 0 turns the guard off.
-FIRE_COST_US = 17
+# The --max-events-per-sec guard (USDT source only; guard.py): 1,000 fires/s x
+# guard.FIRE_COST_US = 1.7 % of one CPU, the default bound; 0 turns the guard off.
 DEFAULT_MAX_FIRES_PER_S = 1000
 # Above 2**31 the script's comparison would be meaningless; no server gets near it.
 MAX_FIRES_LIMIT = 2**31 - 1
@@ -133,17 +131,19 @@ def start(
     interval: int | None,
     max_fires_per_s: int = 0,
 ) -> Capture:
-    """lwlock_wait for the targets, ready to run (iterate its events).
+    """lwlock_wait for the targets, ready to run (iterate its events): bpf/lwlock_wait.bpf.c
+    compiled where it is built and loads here, else the script (d/lwlock_wait.d with DTrace).
 
     max_fires_per_s: the guard (0: none). Triage and serve call this without it: a
     capture that ends itself would cut their fixed windows (triage's parts share one
     window; serve's stream of windows would stop).
     """
-    return common.capture(
-        ns,
-        SCRIPT,
-        script_args(targets, by_pid, interval, max_fires_per_s),
-        MAPS,
-        env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
-        cluster_pid=targets.cluster.postmaster_pid,
-    )
+    args = script_args(targets, by_pid, interval, max_fires_per_s)
+    return engine.object_or_script(
+        ns, compiled.OBJECT,
+        lambda: compiled.capture(args, getattr(ns, "duration", None), interval, max_fires_per_s),
+        lambda: common.capture(ns, SCRIPT, args, MAPS,
+                               env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
+                               cluster_pid=targets.cluster.postmaster_pid),
+        f"ran bpf/{SCRIPT}.bt",
+    )  # fmt: skip

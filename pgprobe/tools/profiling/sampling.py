@@ -12,7 +12,6 @@ from pathlib import Path
 from pgprobe import proc, timings
 from pgprobe.discover import Backend, Targets
 from pgprobe.engines import compiled as engine
-from pgprobe.engines import libbpf
 from pgprobe.engines.base import (
     Capture,
     Event,
@@ -223,16 +222,12 @@ def sampler(
     """bpf/profile.bpf.c compiled when it is built and loads here (no bpftrace to start, no
     128 MiB stack map), else bpf/profile.bt, or d/profile.d; why not the object, said.
     window: a snapshot every that many seconds, each of its window alone (serve)."""
-    why = engine.why_not(ns, compiled.OBJECT)
-    if why is None:
-        try:
-            return compiled.capture(args, ns.duration, window or None)
-        except libbpf.LibbpfError as e:
-            why = f"this kernel refused bpf/build/{compiled.OBJECT} ({e})"
-    running = common.capture(ns, SCRIPT, args, MAPS, env=env)
-    if why:
-        running.info.warnings.append(f"{why}: ran bpf/profile.bt")
-    return running
+    return engine.object_or_script(
+        ns, compiled.OBJECT,
+        lambda: compiled.capture(args, ns.duration, window or None),
+        lambda: common.capture(ns, SCRIPT, args, MAPS, env=env),
+        "ran bpf/profile.bt",
+    )  # fmt: skip
 
 
 def choose_unwind(ns: argparse.Namespace, targets: Targets) -> tuple[str, str]:

@@ -154,7 +154,7 @@ def capture_statements(ns: argparse.Namespace, targets: Targets) -> Captured:
 
 
 def run(ns: argparse.Namespace) -> int:
-    targets = common.prepare(ns, probe.check_server)
+    targets = common.prepare(ns, probe.check_server, compiled.OBJECT)
     cluster = targets.cluster
     wei = event_value(cluster.major, ns.event) if ns.event else None
     got = capture_statements(ns, targets)

@@ -95,7 +95,7 @@ def by_query(ns: argparse.Namespace) -> int:
     if ns.interval or ns.stacks:
         flag = "--interval" if ns.interval else "--stacks"
         raise PgprobeError(f"--by query takes no {flag} (one table per capture)", EXIT_USAGE)
-    targets = common.prepare(ns, probe.check_server)
+    targets = common.prepare(ns, probe.check_server, compiled.OBJECT)
     major = targets.cluster.major
     got = queries_command.capture_statements(ns, targets)
     rows = got.rows[:BY_QUERY_TOP]

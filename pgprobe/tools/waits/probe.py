@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pgprobe import engines, kernelbtf
 from pgprobe.discover import Targets
-from pgprobe.engines import libbpf
+from pgprobe.engines import compiled as engine
 from pgprobe.engines.base import Capture, KeyKind, MapSpec
 from pgprobe.errors import EXIT_ENV, PgprobeError
 from pgprobe.tools import common
@@ -92,17 +92,14 @@ def capture(
     locks: each Lock sleep by its lock (the compiled object only: a script's snapshot has
     no `query_ns`, no `lock_ns`); modes: each LWLock sleep's mode (lwmode; the compiled
     object only)."""
-    why = compiled.why_not(ns)
-    if why is None:
-        try:
-            return compiled.capture(args, ns.duration, duty, query, locks, modes)
-        except libbpf.LibbpfError as e:
-            why = f"this kernel refused bpf/build/waits.bpf.o ({e})"
     dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
-    running = common.capture(ns, SCRIPT, args if dtrace else bpf_args(args), MAPS,
-                             env=ENV if env is None else env)  # fmt: skip
-    if why:
-        running.info.warnings.append(f"{why}: ran bpf/waits.bt, costlier per context switch")
+    running = engine.object_or_script(
+        ns, compiled.OBJECT,
+        lambda: compiled.capture(args, ns.duration, duty, query, locks, modes),
+        lambda: common.capture(ns, SCRIPT, args if dtrace else bpf_args(args), MAPS,
+                               env=ENV if env is None else env),
+        "ran bpf/waits.bt, costlier per context switch",
+    )  # fmt: skip
     if duty < 1.0:
         running.info.warnings.append(f"the time model's duty cycle ({duty:g}) needs the compiled "
                                      "object: the script runs all the time")  # fmt: skip
