@@ -58,6 +58,28 @@ TOOLS: dict[str, list[str]] = {
         "{out}.svg",
     ],  # fmt: skip
     "lwlocks": ["lwlocks", "-d", str(DURATION_S)],
+    # the USDT source without its guard (a loaded server passes it): bpf/lwlock_wait.bpf.c
+    # compiled, or the script
+    "lwlocks-usdt": [
+        "lwlocks",
+        "-d",
+        str(DURATION_S),
+        "--source",
+        "usdt",
+        "--max-events-per-sec",
+        "0",
+    ],
+    "lwlocks-usdt-bpftrace": [
+        "lwlocks",
+        "-d",
+        str(DURATION_S),
+        "--source",
+        "usdt",
+        "--max-events-per-sec",
+        "0",
+        "--engine",
+        "bpftrace",
+    ],
     "waits": ["waits", "-d", str(DURATION_S)],
     "clog-reads": ["clog-reads", "-d", str(DURATION_S)],
     "clog-reads-bpftrace": ["clog-reads", "-d", str(DURATION_S), "--engine", "bpftrace"],

@@ -280,6 +280,36 @@ def test_sigterm_also_prints_what_was_collected(
     assert "TRANCHE" in out
 
 
+def test_the_probes_removal_is_left_to_a_process_that_ends(load: PgCluster) -> None:
+    """The compiled object's USDT sites take ~0.1 s each to remove: pgprobe leaves that to a
+    process of its own (libbpf.close_in_background) and exits with its table; that process
+    holds the probes' links only until the kernel has removed them, then ends."""
+    child = usdt_running(load, "-d", "1", "--json")
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert json.loads(out)["meta"]["engine"] == "libbpf"
+    argv = ["-m", "pgprobe", "lwlocks", *USDT]
+
+    def holders() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            words = [w.decode(errors="replace") for w in cmdline]
+            if words[1 : 1 + len(argv)] == argv and bpf_link_fds(int(entry)):
+                found.append(int(entry))
+        return found
+
+    deadline = time.monotonic() + 15
+    while (left := holders()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes still holding the probes 15 s after pgprobe ended: {left}"
+
+
 # -- the scheduler source (the default; --source sched) ----------------------------------------
 
 WAITS_TITLE = "LWLock waits from the scheduler (each sleep and the runqueue time after it)"

@@ -79,12 +79,15 @@ def object_or_script(
     from_object: Callable[[], Capture],
     from_script: Callable[[], Capture],
     instead: str,
-    wanted: bool = True,
+    not_here: str | None = None,
 ) -> Capture:
     """Object `name`'s capture where it is built and this kernel loads it, else the script's,
     with why not in one line ("<why>: <instead>"); nothing said where the script was asked
-    for (--engine bpftrace, DTrace, or not `wanted`: a form only the script has)."""
-    why = why_not(ns, name) if wanted else ""
+    for (--engine bpftrace, DTrace). not_here: why this capture needs the script (said the
+    same way; "": said by no one, a form only the script has)."""
+    why = why_not(ns, name)
+    if why is None:
+        why = not_here
     if why is None:
         try:
             return from_object()
@@ -185,6 +188,7 @@ class CompiledCapture:
             self.info.missed_runs = libbpf.recursion_misses(obj.program_fds())
             final = self._snapshot(obj, final=True)
             timings.mark("libbpf-read")
+            obj.close_in_background()  # uprobes: their removal is not waited for
         yield final
 
     def _attach(self, obj: libbpf.BpfObject) -> None:

@@ -10,7 +10,7 @@ bpftrace's own dependency, so present wherever bpftrace is, and nothing to build
 Every failure is a LibbpfError of one line; libbpf's own messages never reach the
 terminal: they are kept in BpfObject.log.
 
-Kept in one module (~510 lines): the prototypes, the object's life (open, load, attach:
+Kept in one module (~540 lines): the prototypes, the object's life (open, load, attach:
 tracepoints, uprobes, USDT probes, perf events), its map reads (in batches where the kernel
 has them) and its ring buffers share one library handle, one message sink and one error path.
 """
@@ -474,6 +474,31 @@ class BpfObject:
         if self._obj:
             _lib().bpf_object__close(self._obj)
             self._obj = None
+
+    def close_in_background(self) -> None:
+        """close(), leaving the kernel's removal of uprobes (about 0.1 s a site here, most of
+        a USDT capture's end) to a process of its own: a grandchild holds a copy of every
+        descriptor until this process has closed its own, then exits, the last holder. The
+        caller goes on at once, as it does from bpftrace, which it leaves to detach alone.
+        The programs have stopped counting for pgprobe by then (its last read is made)."""
+        if not self._links or not (self.uprobes or self.usdt):  # the rest detach at once
+            self.close()
+            return
+        done_r, done_w = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: a grandchild to hold the copies, reparented when it exits
+            try:
+                if os.fork() == 0:
+                    os.close(done_w)
+                    os.read(done_r, 1)  # EOF: pgprobe closed its own copies
+            finally:
+                os._exit(0)
+        os.close(done_r)
+        os.waitpid(child, 0)
+        try:
+            self.close()
+        finally:
+            os.close(done_w)
 
     def __enter__(self) -> BpfObject:
         return self

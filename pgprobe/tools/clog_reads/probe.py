@@ -361,6 +361,6 @@ def start_uprobe(
     capture = engine.object_or_script(
         ns, compiled.OBJECT,
         lambda: compiled.capture(args, duration, interval, targets.cluster.binary),
-        from_script, f"ran bpf/{script}.bt", wanted=mode != MODE_STACKS,
+        from_script, f"ran bpf/{script}.bt", not_here="" if mode == MODE_STACKS else None,
     )  # fmt: skip
     return UprobeCapture(capture, order)

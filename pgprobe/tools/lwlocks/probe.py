@@ -139,11 +139,15 @@ def start(
     window; serve's stream of windows would stop).
     """
     args = script_args(targets, by_pid, interval, max_fires_per_s)
+    # libbpf attaches a USDT probe at every site or none: one taken by another uprobe
+    # (check_server said which) would fail the capture, where bcc loses that site alone
+    foreign = usdt.foreign_uprobes(targets.cluster.binary, PROBES)
+    taken = "another uprobe sits on a site of the LWLock probes" if foreign else None
     return engine.object_or_script(
         ns, compiled.OBJECT,
         lambda: compiled.capture(args, getattr(ns, "duration", None), interval, max_fires_per_s),
         lambda: common.capture(ns, SCRIPT, args, MAPS,
                                env={"BPFTRACE_MAP_KEYS_MAX": str(65536 if by_pid else 16384)},
                                cluster_pid=targets.cluster.postmaster_pid),
-        f"ran bpf/{SCRIPT}.bt",
+        f"ran bpf/{SCRIPT}.bt", not_here=taken,
     )  # fmt: skip
