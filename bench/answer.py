@@ -88,6 +88,11 @@ TOOLS: dict[str, list[str]] = {
     "locks": ["locks", "-d", str(DURATION_S)],
     "queries": ["queries", "-d", str(DURATION_S)],
 }
+# A run's uprobes are removed after it answers, in the background (bpftrace, or the compiled
+# object's last holder: ~0.1 s a USDT site); the next run starts once that is over, as a
+# user's next command would, not within it (the two contend for the kernel's uprobe lock:
+# lwlocks --source usdt's attach took 0.74 s instead of 0.34 back to back).
+SETTLE_S = 1.5
 BUDGET_S = {5: 1.5, 1000: 2.5}  # issue 16: -d 1 wall with that many backends
 
 
@@ -211,6 +216,7 @@ def measure(
         for i in range(repeat):
             for tool in tools:
                 for run_dir in run_dirs:
+                    time.sleep(SETTLE_S)
                     result = run_tool(cluster, tool, cprofile, run_dir)
                     result.update(
                         run=i, idle=backends.idle, active=backends.active, code=str(run_dir)
