@@ -39,54 +39,30 @@ from pgprobe import timings
 from pgprobe.sandbox import PgCluster
 
 DURATION_S = 1
+D = ["-d", str(DURATION_S)]
+BPFTRACE = ["--engine", "bpftrace"]  # a tool's script rather than its compiled object
+# the frame-pointer sampler rather than perf (auto picks perf where a library lacks frame
+# pointers, as on Debian's 15): bpf/profile.bpf.c compiled, or profile.bt
+FLAME_FP = ["flame", *D, "--unwind", "fp", "-o", "{out}.svg"]
+# the USDT source without its guard (a loaded server passes it): bpf/lwlock_wait.bpf.c
+# compiled, or the script
+LWLOCKS_USDT = ["lwlocks", *D, "--source", "usdt", "--max-events-per-sec", "0"]
 # The argv after `pgprobe` for each tool, without the connection options; {out} is a scratch
 # file for tools that write one.
 TOOLS: dict[str, list[str]] = {
-    "flame": ["flame", "-d", str(DURATION_S), "-o", "{out}.svg"],
-    # the frame-pointer sampler rather than perf (auto picks perf where a library lacks
-    # frame pointers, as on Debian's 15): bpf/profile.bpf.c compiled, or profile.bt
-    "flame-fp": ["flame", "-d", str(DURATION_S), "--unwind", "fp", "-o", "{out}.svg"],
-    "flame-fp-bpftrace": [
-        "flame",
-        "-d",
-        str(DURATION_S),
-        "--unwind",
-        "fp",
-        "--engine",
-        "bpftrace",
-        "-o",
-        "{out}.svg",
-    ],  # fmt: skip
-    "lwlocks": ["lwlocks", "-d", str(DURATION_S)],
-    # the USDT source without its guard (a loaded server passes it): bpf/lwlock_wait.bpf.c
-    # compiled, or the script
-    "lwlocks-usdt": [
-        "lwlocks",
-        "-d",
-        str(DURATION_S),
-        "--source",
-        "usdt",
-        "--max-events-per-sec",
-        "0",
-    ],
-    "lwlocks-usdt-bpftrace": [
-        "lwlocks",
-        "-d",
-        str(DURATION_S),
-        "--source",
-        "usdt",
-        "--max-events-per-sec",
-        "0",
-        "--engine",
-        "bpftrace",
-    ],
-    "waits": ["waits", "-d", str(DURATION_S)],
-    "clog-reads": ["clog-reads", "-d", str(DURATION_S)],
-    "clog-reads-bpftrace": ["clog-reads", "-d", str(DURATION_S), "--engine", "bpftrace"],
-    "triage": ["triage", "-d", str(DURATION_S), "-o", "{out}.html"],
-    "hot": ["hot", "-d", str(DURATION_S)],
-    "locks": ["locks", "-d", str(DURATION_S)],
-    "queries": ["queries", "-d", str(DURATION_S)],
+    "flame": ["flame", *D, "-o", "{out}.svg"],
+    "flame-fp": FLAME_FP,
+    "flame-fp-bpftrace": [*FLAME_FP, *BPFTRACE],
+    "lwlocks": ["lwlocks", *D],
+    "lwlocks-usdt": LWLOCKS_USDT,
+    "lwlocks-usdt-bpftrace": [*LWLOCKS_USDT, *BPFTRACE],
+    "waits": ["waits", *D],
+    "clog-reads": ["clog-reads", *D],
+    "clog-reads-bpftrace": ["clog-reads", *D, *BPFTRACE],
+    "triage": ["triage", *D, "-o", "{out}.html"],
+    "hot": ["hot", *D],
+    "locks": ["locks", *D],
+    "queries": ["queries", *D],
 }
 # A run's uprobes are removed after it answers, in the background (bpftrace, or the compiled
 # object's last holder: ~0.1 s a USDT site); the next run starts once that is over, as a

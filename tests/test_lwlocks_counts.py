@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import CHECKOUT, need, start_bpftrace_json, until
+from helpers import CHECKOUT, bpf_link_fds, need, start_bpftrace_json, until
 from test_lwlocks import NO_GUARD
 from test_waits import wait_attached
 
+from pgprobe import usdt
 from pgprobe.pgbuilds import PgBuild
 from pgprobe.sandbox import PgCluster
 
@@ -50,19 +51,38 @@ def counted(text: str) -> Counter[str]:
     return out
 
 
+def attached(probe: subprocess.Popen[str], binary: str, engine: str) -> None:
+    """Until pgprobe's object holds a link at every site of the two probes (libbpf attaches
+    the done probe's first), or its bpftrace has attached."""
+    if engine == "bpftrace":
+        wait_attached(probe)
+        return
+    sites = [s for s in usdt.probe_sites(binary) if s.name.startswith("lwlock__wait__")]
+    until(lambda: probe.poll() is not None or bpf_link_fds(probe.pid) >= len(sites),
+          "the object's links at every site")  # fmt: skip
+    assert probe.poll() is None, probe.communicate()
+
+
+@pytest.mark.parametrize("engine", ["libbpf", "bpftrace"])
 def test_usdt_waits_per_tranche_equal_an_independent_counter(
-    cluster: PgCluster, tracing: None, pg_build: PgBuild, tested_on: Callable[[str, str], None]
+    cluster: PgCluster,
+    tracing: None,
+    pg_build: PgBuild,
+    tested_on: Callable[[str, str], None],
+    engine: str,
 ) -> None:
+    """The compiled object (bpf/lwlock_wait.bpf.c) and the script, each against the counter."""
     need(pg_build.has_usdt, f"{pg_build.id} has no USDT probes: nothing to count")
     counter = start_bpftrace_json(COUNTER, str(pg_build.postgres), str(cluster.postmaster_pid))
     probe = None
+    asked = ["--engine", "bpftrace"] if engine == "bpftrace" else []
     try:
         probe = subprocess.Popen(
             [sys.executable, "-m", "pgprobe", "lwlocks", "--source", "usdt", *NO_GUARD,
-             *cluster.conn_args, "-d", "300", "--json"],
+             *cluster.conn_args, "-d", "300", "--json", *asked],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT,
         )  # fmt: skip
-        wait_attached(probe)
+        attached(probe, str(pg_build.postgres), engine)
         bench = cluster.pgbench("-c", "8", "-j", "2", "-t", "600", "-n")
         out, _ = bench.communicate(timeout=300)
         assert bench.returncode == 0, out
@@ -80,7 +100,7 @@ def test_usdt_waits_per_tranche_equal_an_independent_counter(
                 process.kill()
                 process.wait()
     doc: dict[str, Any] = json.loads(probe_out)
-    assert doc["meta"]["source"] == "usdt", doc["meta"]
+    assert doc["meta"]["source"] == "usdt" and doc["meta"]["engine"] == engine, doc["meta"]
     got: Counter[str] = Counter()
     for row in doc["rows"]:
         got[row["tranche"]] += row["waits"]
@@ -88,4 +108,5 @@ def test_usdt_waits_per_tranche_equal_an_independent_counter(
     print(f"pgprobe {dict(got)}\ncounter {dict(truth)}")
     assert sum(truth.values()) >= 300, truth  # a load with LWLock waits to count
     assert got == truth
-    tested_on("lwlocks", "waits per tranche = an independent USDT counter")
+    if engine == "libbpf":
+        tested_on("lwlocks", "waits per tranche = an independent USDT counter")

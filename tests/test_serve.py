@@ -668,20 +668,16 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
     cluster: PgCluster, tracing: None
 ) -> None:
     port = free_port()
-    # the USDT LWLock source (opt-in) runs a tracer of its own: the one to kill
-    agent = start_agent(
-        cluster, port, "--window", "1", "--lwlock-source", "usdt", "--waits-duty", "1"
-    )  # its links are checked: attached all the time
+    # every part runs in the agent from its object by default: with --engine bpftrace each
+    # runs its script in a tracer of its own; the USDT LWLock source's is the one to kill
+    agent = start_agent(cluster, port, "--window", "1", "--lwlock-source", "usdt",
+                        "--waits-duty", "1", "--engine", "bpftrace")  # fmt: skip
     up = [f'pgprobe_capture_up{{source="{s}"}}' for s in ("lwlock", "slru", "cpu", "waits")]
     try:
         wait_for("every capture up", lambda: all(scrape(port).get(k) == 1 for k in up), 60)
         running = tracers(agent.pid)
-        # the time model, the CPU samples and the SLRU reads run in the agent itself
-        # (bpf/waits.bpf.c, profile.bpf.c, clog_reads.bpf.c compiled: their links, one per
-        # CPU's perf event for the sampler, one for the SLRU uprobe)
-        assert set(running) == {"lwlock_wait"}, running
-        links = WAITS_BPF_LINKS + OTHER_LINKS
-        assert bpf_link_fds(agent.pid) == links
+        assert set(running) == {"lwlock_wait", "waits", "profile", "clog_reads_uprobe"}, running
+        assert bpf_link_fds(agent.pid) == 0
         os.kill(running["lwlock_wait"], signal.SIGKILL)
         restarted = 'pgprobe_capture_restarts_total{source="lwlock"}'
         wait_for(
@@ -691,7 +687,7 @@ def test_a_dead_tracer_is_restarted_and_sigterm_stops_everything(
         )
         again = tracers(agent.pid)
         assert again["lwlock_wait"] != running["lwlock_wait"]
-        assert bpf_link_fds(agent.pid) == links  # the others ran on
+        assert all(again[k] == pid for k, pid in running.items() if k != "lwlock_wait")
         assert scrape(port)['pgprobe_capture_restarts_total{source="cpu"}'] == 0
         # The last window's CPU profile is pprof.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pprof/profile") as reply:
@@ -900,6 +896,8 @@ def test_time_model_at_a_duty_cycle_counts_what_it_saw(
         rest = not_accounted(end) - not_accounted(start)
         assert abs(rest) <= 0.02 * seen, rest  # every part's rows add up to its wall time
     finally:
-        stop_agent(agent)
+        said = stop_agent(agent)
         conn.cancel()
         sleeper.join(timeout=30)
+    # the parts ran from the compiled object, and nothing said otherwise
+    assert "needs the compiled object" not in said and "waits.bt" not in said, said

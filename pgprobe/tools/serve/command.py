@@ -11,12 +11,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from pgprobe import engines
+from pgprobe.engines import compiled as objects
 from pgprobe.engines import runner
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common, profiling
+from pgprobe.tools.clog_reads import compiled as slru_compiled
+from pgprobe.tools.profiling import compiled as profile_compiled
 from pgprobe.tools.serve import http, webconfig
 from pgprobe.tools.serve.agent import Agent, say
 from pgprobe.tools.serve.metrics import TotalsCollector
+from pgprobe.tools.waits import compiled as waits_compiled
 
 NAME = "serve"
 DEFAULT_LISTEN = "127.0.0.1:9433"  # beside postgres_exporter's 9187; free in Prometheus' list
@@ -155,7 +159,9 @@ def run(ns: argparse.Namespace) -> int:
     ns.duration = None  # captures run until stopped
     # an option's value, so before the checks of the machine (as argparse's errors are)
     web = webconfig.load(ns.web_config) if ns.web_config else None
-    engines.preflight(ns.engine)  # root, bpftrace: said in one line before anything starts
+    # root, and bpftrace where a part has no object to run: said in one line before anything
+    parts = (waits_compiled.OBJECT, profile_compiled.OBJECT, slru_compiled.OBJECT)
+    engines.preflight(ns.engine, any(objects.why_not(ns, name) is not None for name in parts))
     os.environ.setdefault("GLIBC_TUNABLES", TRACER_MALLOC)  # read by new processes only
     agent = Agent(ns)
     agent.totals.names.say = say  # the first wait event folded into "other" is said

@@ -17,7 +17,7 @@ from pgprobe.tools.top.cpu import CpuSampler
 from pgprobe.tools.top.keys import KeyReader
 from pgprobe.tools.top.source import Source, check
 from pgprobe.tools.top.state import INTERVALS, State
-from pgprobe.tools.waits import probe
+from pgprobe.tools.waits import compiled, probe
 
 NAME = "top"
 DEFAULT_INTERVAL = 2
@@ -58,7 +58,7 @@ def run(ns: argparse.Namespace) -> int:
         raise PgprobeError(f"--interval {ns.interval} is longer than the duration "
                            f"({ns.duration:g} s)", EXIT_USAGE)  # fmt: skip
     check(ns)
-    targets = common.prepare(ns, probe.check_server)
+    targets = common.prepare(ns, probe.check_server, compiled.OBJECT)
     source = Source(targets, ns.interval, ns.duration)
     screen = not (ns.once or ns.batch or ns.json) and sys.stdout.isatty() and sys.stdin.isatty()
     try:

@@ -93,17 +93,22 @@ def capture(
     no `query_ns`, no `lock_ns`); modes: each LWLock sleep's mode (lwmode; the compiled
     object only)."""
     dtrace = engines.choose(getattr(ns, "engine", "auto")) == "dtrace"
-    running = engine.object_or_script(
+
+    def from_script() -> Capture:
+        running = common.capture(ns, SCRIPT, args if dtrace else bpf_args(args), MAPS,
+                                 env=ENV if env is None else env)  # fmt: skip
+        if duty < 1.0:
+            running.info.warnings.append(
+                f"the time model's duty cycle ({duty:g}) needs the compiled object: the "
+                "script runs all the time"
+            )
+        return running
+
+    return engine.object_or_script(
         ns, compiled.OBJECT,
         lambda: compiled.capture(args, ns.duration, duty, query, locks, modes),
-        lambda: common.capture(ns, SCRIPT, args if dtrace else bpf_args(args), MAPS,
-                               env=ENV if env is None else env),
-        "ran bpf/waits.bt, costlier per context switch",
+        from_script, "ran bpf/waits.bt, costlier per context switch",
     )  # fmt: skip
-    if duty < 1.0:
-        running.info.warnings.append(f"the time model's duty cycle ({duty:g}) needs the compiled "
-                                     "object: the script runs all the time")  # fmt: skip
-    return running
 
 
 def client_read_note(where: address.WaitEventAddress, major: int) -> str | None:
