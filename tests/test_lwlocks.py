@@ -5,6 +5,7 @@ under pgbench (the `load` fixture); a second module would start and load a secon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -283,7 +284,9 @@ def test_sigterm_also_prints_what_was_collected(
 def test_the_probes_removal_is_left_to_a_process_that_ends(load: PgCluster) -> None:
     """The compiled object's USDT sites take ~0.1 s each to remove: pgprobe leaves that to a
     process of its own (libbpf.close_in_background) and exits with its table; that process
-    holds the probes' links only until the kernel has removed them, then ends."""
+    holds the probes' links only until the kernel has removed them, then ends, and nothing
+    else of pgprobe's meanwhile (not its output pipes: their reader sees the end with
+    pgprobe's; not its connection)."""
     child = usdt_running(load, "-d", "1", "--json")
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
@@ -304,8 +307,23 @@ def test_the_probes_removal_is_left_to_a_process_that_ends(load: PgCluster) -> N
                 found.append(int(entry))
         return found
 
+    def others(pid: int) -> list[str]:
+        """What the holder has open beside BPF objects, perf events and its one pipe."""
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return []
+        targets = []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        kept = [t for t in targets if not t.startswith(("anon_inode:bpf", "anon_inode:[perf_"))]
+        return kept if len(kept) > 1 or not all(t.startswith("pipe:") for t in kept) else []
+
     deadline = time.monotonic() + 15
     while (left := holders()) and time.monotonic() < deadline:
+        for pid in left:
+            assert not others(pid), (pid, others(pid))
         time.sleep(0.1)
     assert not left, f"processes still holding the probes 15 s after pgprobe ended: {left}"
 

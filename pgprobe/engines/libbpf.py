@@ -10,13 +10,14 @@ bpftrace's own dependency, so present wherever bpftrace is, and nothing to build
 Every failure is a LibbpfError of one line; libbpf's own messages never reach the
 terminal: they are kept in BpfObject.log.
 
-Kept in one module (~540 lines): the prototypes, the object's life (open, load, attach:
+Kept in one module (~560 lines): the prototypes, the object's life (open, load, attach:
 tracepoints, uprobes, USDT probes, perf events), its map reads (in batches where the kernel
 has them) and its ring buffers share one library handle, one message sink and one error path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -477,19 +478,25 @@ class BpfObject:
 
     def close_in_background(self) -> None:
         """close(), leaving the kernel's removal of uprobes (about 0.1 s a site here, most of
-        a USDT capture's end) to a process of its own: a grandchild holds a copy of every
-        descriptor until this process has closed its own, then exits, the last holder. The
-        caller goes on at once, as it does from bpftrace, which it leaves to detach alone.
-        The programs have stopped counting for pgprobe by then (its last read is made)."""
+        a USDT capture's end) to a process of its own: a grandchild keeps a copy of the BPF
+        descriptors alone (not pgprobe's output or its connection: a reader of pgprobe's
+        output sees its end when pgprobe ends) until this process has closed its own, then
+        exits, the last holder. The caller goes on at once, as it does from bpftrace, which
+        it leaves to detach alone. Without a process to spare (fork refused), the removal
+        is waited for here."""
         if not self._links or not (self.uprobes or self.usdt):  # the rest detach at once
             self.close()
             return
-        done_r, done_w = os.pipe()
-        child = os.fork()
+        try:
+            done_r, done_w = os.pipe()
+            child = os.fork()
+        except OSError:
+            self.close()
+            return
         if child == 0:  # the child: a grandchild to hold the copies, reparented when it exits
             try:
                 if os.fork() == 0:
-                    os.close(done_w)
+                    _keep_only_bpf({done_r})
                     os.read(done_r, 1)  # EOF: pgprobe closed its own copies
             finally:
                 os._exit(0)
@@ -505,6 +512,19 @@ class BpfObject:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _keep_only_bpf(keep: set[int]) -> None:
+    """Every descriptor of this process closed but BPF objects, perf events and `keep`."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own, closed since
+        if fd not in keep and not target.startswith(("anon_inode:bpf", "anon_inode:[perf_")):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class RingBuffer:
