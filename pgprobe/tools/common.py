@@ -171,15 +171,19 @@ def filters(ns: argparse.Namespace) -> discover.Filters:
 
 
 def prepare(
-    ns: argparse.Namespace, check_server: Callable[[Targets], None], compiled: str | None = None
+    ns: argparse.Namespace,
+    check_server: Callable[[Targets], None],
+    compiled: str | tuple[str, ...] | None = None,
 ) -> Targets:
     """Everything that must hold before tracing, cheapest and most telling first. compiled:
-    the object that does the capture where it loads (then bpftrace is not needed)."""
+    the object (or each part's) that does the capture where it loads (then bpftrace is not
+    needed)."""
     tracer = True
     if compiled is not None:  # imported here: libbpf's ctypes and pyelftools, only then
         from pgprobe.engines import compiled as objects
 
-        tracer = objects.why_not(ns, compiled) is not None
+        names = (compiled,) if isinstance(compiled, str) else compiled
+        tracer = any(objects.why_not(ns, name) is not None for name in names)
     engines.preflight(getattr(ns, "engine", "auto"), tracer)
     timings.mark("preflight")
     targets = discover.discover(conn_options(ns), filters(ns))

@@ -28,13 +28,16 @@ NEEDS = {
     "slru compiled": (),  # clog-reads runs bpf/clog_reads_uprobe.bt instead
     "lwlocks compiled": (),  # lwlocks --source usdt runs bpf/lwlock_wait.bt instead
 }
-# The checks a tool no longer needs where its compiled object loads and attaches: it then
-# runs without bpftrace (pgprobe.engines.compiled).
-# lwlocks' default source is the time model's; clog-reads' the SLRU uprobe's.
+# The tools that no longer need bpftrace (the tracer checks) where these compiled objects
+# all load: they then run from them (pgprobe.engines.compiled). lwlocks' default source is
+# the time model's, clog-reads' the SLRU uprobe's; triage's parts are the three.
 SPARED_BY = {
-    "sampler compiled": ("flame", "hot"),
-    "waits compiled": ("waits", "lwlocks"),
-    "slru compiled": ("clog-reads",),
+    "flame": ("sampler compiled",),
+    "hot": ("sampler compiled",),
+    "waits": ("waits compiled",),
+    "lwlocks": ("waits compiled",),
+    "clog-reads": ("slru compiled",),
+    "triage": ("waits compiled", "sampler compiled", "slru compiled"),
 }
 # The checks bpftrace makes (not tried without it); a compiled object's own attach says
 # at each capture whether its kind of probe works.
@@ -56,6 +59,10 @@ IN_PART = {
     "lwlocks compiled": {
         "lwlocks": "--source usdt from bpf/lwlock_wait.bt: a bpftrace process (~100 MiB)",
     },
+    "bpftrace": {  # what only the scripts do, where the rest runs from the objects
+        "waits": "without --stacks",
+        "clog-reads": "without --stacks, --trace or --source syscalls",
+    },
     "usdt probes": {
         "lwlocks": "without --source usdt (exact counts per wait)",
         "triage": "without its LWLock table",
@@ -75,7 +82,7 @@ class Check:
 def spare(checks: list[Check]) -> None:
     """The tools whose compiled object works here taken off the tracer checks' affects."""
     working = {c.check for c in checks if c.status == "ok"}
-    spared = {tool for check, tools in SPARED_BY.items() if check in working for tool in tools}
+    spared = {tool for tool, needed in SPARED_BY.items() if set(needed) <= working}
     for c in checks:
         if c.check in TRACER_CHECKS:
             c.affects = [tool for tool in c.affects if tool not in spared]

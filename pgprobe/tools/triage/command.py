@@ -23,8 +23,11 @@ from pgprobe.pgstats import relnames, statements
 from pgprobe.pgstats.locks import LockSampler
 from pgprobe.render import flamegraph, report
 from pgprobe.tools import common, flame, lwlocks, profiling
+from pgprobe.tools.clog_reads import compiled as slru_compiled
 from pgprobe.tools.locks import records as locks_records
 from pgprobe.tools.locks import trees as locks_trees
+from pgprobe.tools.lwlocks import compiled as lwlock_compiled
+from pgprobe.tools.profiling import compiled as profile_compiled
 from pgprobe.tools.queries import records as query_records
 from pgprobe.tools.triage import parts, records, view
 from pgprobe.tools.triage.window import NAME, capture_window
@@ -68,7 +71,7 @@ def add_parser(sub: Any) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     output = _output_path(ns)
-    targets = common.prepare(ns, lambda _targets: None)
+    targets = common.prepare(ns, lambda _targets: None, OBJECTS)
     if targets.cluster.conninfo is None:
         raise PgprobeError("triage needs a connection to PostgreSQL (-h/-p/-U)", EXIT_USAGE)
     doc = capture_window(ns, targets, starters(ns, targets))
@@ -259,6 +262,9 @@ def _lock_dimension(
     return lockdim.Dimension(found)
 
 
+# The parts' objects (the LWLock probes' for 13, which has no time model): where they all
+# load, triage needs no bpftrace.
+OBJECTS = (compiled.OBJECT, profile_compiled.OBJECT, slru_compiled.OBJECT, lwlock_compiled.OBJECT)
 # The parts, the time model first (its section comes first in the report).
 STARTERS: list[tuple[str, parts.Starter]] = [
     ("waits", waits_part),
