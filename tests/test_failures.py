@@ -89,9 +89,10 @@ def test_not_root() -> None:
 
 
 def test_bpftrace_missing(tmp_path: Path) -> None:
+    """Asked for (the commands run from their compiled objects without it)."""
     need(os.geteuid() == 0, "the root check comes first")
     env = {"PATH": str(tmp_path), "PGPROBE_BPFTRACE": ""}
-    done = run_pgprobe(["lwlocks", "-d", "1"], env=env)
+    done = run_pgprobe(["lwlocks", "-d", "1", "--engine", "bpftrace"], env=env)
     assert_one_line_error(done, EXIT_ENV, "bpftrace not found", "apt-get install bpftrace")
 
 
@@ -228,7 +229,7 @@ def test_ctrl_c_while_finishing_is_said(
 def test_tracer_error_is_surfaced(cluster: PgCluster, tracing: None) -> None:
     """bpftrace's own complaint, in one line (here: a limit it enforces on its environment)."""
     done = run_pgprobe(
-        ["lwlocks", "--source", "usdt", *cluster.conn_args, "-d", "1"],
+        ["lwlocks", "--source", "usdt", "--engine", "bpftrace", *cluster.conn_args, "-d", "1"],
         env={"BPFTRACE_STRLEN": "9999"},
     )
     assert_one_line_error(done, EXIT_TRACER, "bpftrace failed", "BPFTRACE_STRLEN")

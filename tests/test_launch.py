@@ -98,7 +98,8 @@ def test_a_capture_raises_its_session_and_puts_it_back(cluster: PgCluster, traci
 
 
 def test_sigterm_in_a_capture_puts_the_session_back(cluster: PgCluster, tracing: None) -> None:
-    args = " ".join(["--source", "usdt", *cluster.conn_args])  # a bpftrace child to wait for
+    # the script, not the compiled object: a bpftrace child to wait for
+    args = " ".join(["--source", "usdt", "--engine", "bpftrace", *cluster.conn_args])
     shell = in_own_session(f"{sys.executable} -m pgprobe lwlocks {args} -d 60 >/dev/null")
     pid = python_child(shell)
     wait_raised(pid)
