@@ -7,6 +7,12 @@ from collections.abc import Iterable
 from pgprobe.engines.base import Log2Hist
 
 
+def slot_bounds(slot: int) -> tuple[int, int]:
+    """(low, high) of a compiled object's log2 slot (bpf/hist.h): slot 0 holds 0, slot k
+    2^(k-1) .. 2^k - 1, as bpftrace's hist buckets."""
+    return (0, 0) if slot == 0 else (1 << (slot - 1), (1 << slot) - 1)
+
+
 def merge(hists: Iterable[Log2Hist]) -> Log2Hist:
     """The sum of several histograms, bucket by bucket."""
     counts: dict[tuple[int, int], int] = {}

@@ -73,6 +73,11 @@ def why_not(ns: argparse.Namespace, name: str) -> str | None:
     return libbpf.unavailable()
 
 
+def tracer_needed(ns: argparse.Namespace, names: tuple[str, ...]) -> bool:
+    """Whether bpftrace (or DTrace) must run for a capture whose parts are these objects."""
+    return any(why_not(ns, name) is not None for name in names)
+
+
 def object_or_script(
     ns: argparse.Namespace,
     name: str,

@@ -183,7 +183,7 @@ def prepare(
         from pgprobe.engines import compiled as objects
 
         names = (compiled,) if isinstance(compiled, str) else compiled
-        tracer = any(objects.why_not(ns, name) is not None for name in names)
+        tracer = objects.tracer_needed(ns, names)
     engines.preflight(getattr(ns, "engine", "auto"), tracer)
     timings.mark("preflight")
     targets = discover.discover(conn_options(ns), filters(ns))

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pgprobe import histogram
 from pgprobe.engines import compiled as engine
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import AggValue, Event, Key, Line, Log2Hist, RunInfo, Snapshot, Stats
@@ -88,9 +89,7 @@ def _maps(
 
 
 def _log2(slots: list[int]) -> Log2Hist:
-    """Slot 0 holds 0 ns, slot k 2^(k-1) .. 2^k - 1 (bpftrace's hist buckets)."""
-    return Log2Hist(tuple(((0, 0) if k == 0 else (1 << (k - 1), (1 << k) - 1)) + (n,)
-                          for k, n in enumerate(slots) if n))  # fmt: skip
+    return Log2Hist(tuple((*histogram.slot_bounds(k), n) for k, n in enumerate(slots) if n))
 
 
 class Guard:

@@ -161,7 +161,7 @@ def run(ns: argparse.Namespace) -> int:
     web = webconfig.load(ns.web_config) if ns.web_config else None
     # root, and bpftrace where a part has no object to run: said in one line before anything
     parts = (waits_compiled.OBJECT, profile_compiled.OBJECT, slru_compiled.OBJECT)
-    engines.preflight(ns.engine, any(objects.why_not(ns, name) is not None for name in parts))
+    engines.preflight(ns.engine, objects.tracer_needed(ns, parts))
     os.environ.setdefault("GLIBC_TUNABLES", TRACER_MALLOC)  # read by new processes only
     agent = Agent(ns)
     agent.totals.names.say = say  # the first wait event folded into "other" is said

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgprobe import proc, waitevents
+from pgprobe import histogram, proc, waitevents
 from pgprobe.engines import compiled as engine
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import AggValue, Key, Log2Hist, RunInfo, Snapshot
@@ -473,8 +473,7 @@ def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[
                 counts[key] = counts.get(key, 0) + n
     buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     for (tid, wei, slot), n in counts.items():
-        low, high = (0, 0) if slot == 0 else (1 << (slot - 1), (1 << slot) - 1)
-        buckets.setdefault((tid, wei), []).append((low, high, n))
+        buckets.setdefault((tid, wei), []).append((*histogram.slot_bounds(slot), n))
     return {key: Log2Hist(tuple(sorted(b))) for key, b in buckets.items()}
 
 
