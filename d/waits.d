@@ -232,9 +232,12 @@ sched:::off-cpu
 {
 	this->run = curthread->se.sum_exec_runtime - curthread->se.prev_sum_exec_runtime;
 	this->span = this->st == 1 ? this->now - this->t0 : this->now - ws_window;
-	/* not for an exiting thread (PF_EXITING): leaving its autogroup restarts that count */
+	/*
+	 * not for an exiting thread (PF_EXITING): leaving its autogroup restarts that count;
+	 * nor a first run: every PostgreSQL child calls setsid() as it starts (a new autogroup)
+	 */
 	this->missed = (this->st <= 1 || this->st == 5) && !(curthread->flags & 0x4) &&
-	    this->span > this->run + 250000 + this->span / 16;
+	    curthread->sched_info.pcount > 1 && this->span > this->run + 250000 + this->span / 16;
 }
 
 sched:::off-cpu

@@ -39,12 +39,15 @@ def need(ok: bool, reason: str) -> None:
 # tools' BPF programs on a shared machine (test_waits.exact_or_reported), which should be
 # the exception: past one run in five, the suite has in effect stopped checking the figure.
 LOST_PATH_SHARE = 0.2
-# bpf/waits.bt loses track of a process in most runs on this shared machine (its checks
-# together, 7 fresh-clone CIs: 20 of 34 runs of the lock-wait check alone, once 5 of 5):
-# a share of 0.8 judged on one check's 5 runs (one a build) fails 1 CI in 13 by chance
-# at that rate. Its checks are judged as one pool (about 15 runs a CI), against the same
-# share: the script's exact path must still hold in a fifth of its runs.
+# bpf/waits.bt's checks are judged as one pool (16 runs a CI) against WAITS_BT_SHARE. The
+# script took the lost path in 13 of 16 runs in the CI that failed on it, mostly on events it
+# took for lost and were not (a preempted process's wakeup, a new backend's first run, a
+# switch-in perf gave no BPF program, Ctrl-C's detach: bpf/waits.bt); since, 2-4 of 16 here,
+# the rest real: switches out of the VM agent's threads, which perf never gives to a classic
+# tracepoint's program, hide the next switch or wakeup on that CPU (the compiled form, on raw
+# tracepoints, lost none).
 WAITS_BT = "waits.bt (the script's checks together)"
+WAITS_BT_SHARE = 0.5
 lost_paths: dict[str, list[bool]] = {}
 lost_path_shares: dict[str, float] = {}
 lost_path_pools: dict[str, str] = {}  # check -> the pool it is judged in

@@ -45,6 +45,7 @@ from helpers import (
     LOST_PATH_SHARE,
     WAITS_BPF_LINKS,
     WAITS_BT,
+    WAITS_BT_SHARE,
     bpf_link_fds,
     bpftrace_child,
     cluster_for,
@@ -425,11 +426,11 @@ def test_time_model_against_truth(
     assert seen[pids["blocked"]] == ("Lock", "transactionid")
 
     lost = set(doc["meta"]["lost_pids"])
-    # bpftrace's script breaks its CPUs' chains of switches in every run here (cpu_gaps 12-50
-    # a capture; the compiled form: none) and names a pid lost in 2-4 runs of 5 (two runs on
-    # every build, a shared machine): its exact check must hold in one run of five at least.
+    # bpftrace's script breaks its CPUs' chains of switches in every run here (the VM agent's
+    # threads: cpu_gaps 12-700 a capture; the compiled form: none) and may name a pid lost
+    # (helpers.WAITS_BT: judged with the script's other checks).
     took_lost_path(f"waits time model ({engine})", bool(lost) or bool(doc["meta"]["missed_runs"]),
-                   0.8 if engine == "bpftrace" else LOST_PATH_SHARE,
+                   WAITS_BT_SHARE if engine == "bpftrace" else LOST_PATH_SHARE,
                    WAITS_BT if engine == "bpftrace" else None)  # fmt: skip
     sleep_s = total_us(rows, pids["sleeper"], "wait", "Timeout", "PgSleep") / 1e6
     print(f"PgSleep {sleep_s:.4f} s (truth 2.0)")

@@ -28,10 +28,12 @@ from pgprobe.waitevents import backend_state
 # @task states (bpf/waits.bt)
 ON_CPU, PREEMPTED, WOKEN, ASLEEP, PENDING_WOKEN, PENDING_ON_CPU, NOT_OURS = 1, 2, 3, 4, 5, 6, 9
 LOST_TRACK, PENDING_LOST_TRACK = 7, 8  # its CPU's events stopped being seen: not charged
-# @task's fields past waits.bt's, from the compiled object (compiled._closed): the runqueue
-# time after the sleeps of its running total (field 7's event), then after its open sleep
-# (field 2's), both already in field 6 (woken)
+# @task's fields 9 and 10 from the compiled object (compiled._closed): the runqueue time
+# after the sleeps of its running total (field 7's event), then after its open sleep
+# (field 2's), both already in field 6 (woken). waits.bt's field 9 is the kernel's count of
+# the task's runs it expects (none of the two: an entry of 10 fields)
 WOKEN_AFTER = 9
+_COMPILED_FIELDS = WOKEN_AFTER + 2
 # The compiled object's map of the same: (tid, wait_event_info) -> the runqueue time right
 # after the sleeps moved to @wait_ns (compiled.read writes it; waits.bt has none)
 WOKEN_AFTER_MAP = "wait_rq_ns"
@@ -342,9 +344,9 @@ def pending_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[
     total for the wait event it last slept in (@task fields 7 and 8). woken: the runqueue
     time after those sleeps instead (WOKEN_AFTER; the compiled object's only)."""
     out = {}
-    at = WOKEN_AFTER if woken else 8
+    at, fields = (WOKEN_AFTER, _COMPILED_FIELDS) if woken else (8, 9)
     for (tid,), task in (snapshot.get("task") if snapshot else {}).items():
-        if isinstance(tid, int) and isinstance(task, tuple) and len(task) > at and task[at]:
+        if isinstance(tid, int) and isinstance(task, tuple) and len(task) >= fields and task[at]:
             wei, ns = task[7], task[at]
             assert isinstance(wei, int) and isinstance(ns, int)
             out[(tid, wei)] = ns
@@ -368,7 +370,7 @@ def open_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int
         if state != ASLEEP:
             continue
         if woken:
-            ns = task[WOKEN_AFTER + 1] if len(task) > WOKEN_AFTER + 1 else 0
+            ns = task[WOKEN_AFTER + 1] if len(task) >= _COMPILED_FIELDS else 0
         else:
             ns = min(end, exited.get(tid, end)) - max(since, start)
         if isinstance(ns, int) and ns > 0:
@@ -382,7 +384,9 @@ def _add_totals(proc: Callable[[int], ProcessTime], pid: int, task: tuple[int, .
     slept in and the time asleep in it since it changed) rather than in @cpu_ns,
     @runq_ns and @wait_ns, which get them when it exits (the wait also when the event
     changes): one map update per switch or wakeup, not two."""
-    cpu, preempted, woken, wei, asleep, after, after_open = (list(task[4:11]) + [0] * 7)[:7]
+    cpu, preempted, woken, wei, asleep = (list(task[4:9]) + [0] * 5)[:5]
+    compiled = len(task) >= _COMPILED_FIELDS  # waits.bt's field 9 is its runs, not these
+    after, after_open = task[WOKEN_AFTER:_COMPILED_FIELDS] if compiled else (0, 0)
     if not (cpu or preempted or woken or asleep):
         return
     p = proc(pid)
