@@ -227,13 +227,17 @@ class ByHand:
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            # bpftrace 0.17 once hung past its SIGINT (CI, 4ad0792): killed, not left
-            # attached to every context switch of the machine under the tests that follow
+            # bpftrace 0.17 hangs past its SIGINT now and then under load (CIs: 4ad0792,
+            # e08a3d3): killed, not left attached to every context switch of the machine
+            # under the tests that follow. With its answer in hand the truth is kept.
             self.process.kill()
             self.process.wait(timeout=60)
             said = self.errors[-5:]
-            raise AssertionError(f"{self.process.args[:2]} did not end within 60 s of "
-                                 f"SIGINT: killed; stderr {said}") from None  # fmt: skip
+            if self.answer is None:
+                raise AssertionError(f"{self.process.args[:2]} did not end within 60 s of "
+                                     f"SIGINT: killed; stderr {said}") from None  # fmt: skip
+            print(f"{self.process.args[:2]} did not end within 60 s of SIGINT, after its "
+                  f"answer: killed; stderr {said}")  # fmt: skip
         for reader in self.readers:
             reader.join(timeout=120)
         return self.lines[:answered] if self.answer is not None else self.lines
