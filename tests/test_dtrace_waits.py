@@ -22,18 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
+from byhand import ByHand, by_hand_args, major_of, script_lost
 from helpers import CHECKOUT, steal_seconds_since, steal_ticks
 from test_dtrace_live import Run, dtrace
-from test_locks import (
-    HOLD_S,
-    TIMED,
-    ByHand,
-    Scene,
-    by_hand_args,
-    check_script_locks,
-    major_of,
-    script_lost,
-)
+from test_locks import HOLD_S, TIMED, Scene, check_script_locks
 from test_queries import script_queries
 from test_waits import near, schedstat, settled, total_us
 

@@ -54,6 +54,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from byhand import SCRIPT_LOST_SHARE, ByHand, script_lost
 from helpers import (
     CHECKOUT,
     QUERIES_BPF_LINKS,
@@ -65,7 +66,6 @@ from helpers import (
     steal_ticks,
     took_lost_path,
 )
-from test_locks import SCRIPT_LOST_SHARE, ByHand, script_lost
 
 from pgprobe import proc
 from pgprobe.pgbuilds import PgBuild
