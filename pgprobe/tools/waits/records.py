@@ -33,7 +33,13 @@ LOST_TRACK, PENDING_LOST_TRACK = 7, 8  # its CPU's events stopped being seen: no
 # (field 2's), both already in field 6 (woken). waits.bt's field 9 is the kernel's count of
 # the task's runs it expects (none of the two: an entry of 10 fields)
 WOKEN_AFTER = 9
-_COMPILED_FIELDS = WOKEN_AFTER + 2
+
+
+def _from_object(task: tuple[object, ...]) -> bool:
+    """Whether an @task entry is the compiled object's (it has fields 9 and 10)."""
+    return len(task) >= WOKEN_AFTER + 2
+
+
 # The compiled object's map of the same: (tid, wait_event_info) -> the runqueue time right
 # after the sleeps moved to @wait_ns (compiled.read writes it; waits.bt has none)
 WOKEN_AFTER_MAP = "wait_rq_ns"
@@ -344,9 +350,11 @@ def pending_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[
     total for the wait event it last slept in (@task fields 7 and 8). woken: the runqueue
     time after those sleeps instead (WOKEN_AFTER; the compiled object's only)."""
     out = {}
-    at, fields = (WOKEN_AFTER, _COMPILED_FIELDS) if woken else (8, 9)
+    at = WOKEN_AFTER if woken else 8
     for (tid,), task in (snapshot.get("task") if snapshot else {}).items():
-        if isinstance(tid, int) and isinstance(task, tuple) and len(task) >= fields and task[at]:
+        if not (isinstance(tid, int) and isinstance(task, tuple) and len(task) > 8):
+            continue
+        if (_from_object(task) or not woken) and task[at]:
             wei, ns = task[7], task[at]
             assert isinstance(wei, int) and isinstance(ns, int)
             out[(tid, wei)] = ns
@@ -370,7 +378,7 @@ def open_waits(snapshot: Snapshot | None, woken: bool = False) -> dict[tuple[int
         if state != ASLEEP:
             continue
         if woken:
-            ns = task[WOKEN_AFTER + 1] if len(task) >= _COMPILED_FIELDS else 0
+            ns = task[WOKEN_AFTER + 1] if _from_object(task) else 0
         else:
             ns = min(end, exited.get(tid, end)) - max(since, start)
         if isinstance(ns, int) and ns > 0:
@@ -385,8 +393,8 @@ def _add_totals(proc: Callable[[int], ProcessTime], pid: int, task: tuple[int, .
     @runq_ns and @wait_ns, which get them when it exits (the wait also when the event
     changes): one map update per switch or wakeup, not two."""
     cpu, preempted, woken, wei, asleep = (list(task[4:9]) + [0] * 5)[:5]
-    compiled = len(task) >= _COMPILED_FIELDS  # waits.bt's field 9 is its runs, not these
-    after, after_open = task[WOKEN_AFTER:_COMPILED_FIELDS] if compiled else (0, 0)
+    # waits.bt's field 9 is its run count, not these
+    after, after_open = task[WOKEN_AFTER : WOKEN_AFTER + 2] if _from_object(task) else (0, 0)
     if not (cpu or preempted or woken or asleep):
         return
     p = proc(pid)
