@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pgprobe import waitevents
 from pgprobe.engines.base import Snapshot
@@ -32,12 +32,18 @@ def charges(snapshot: Snapshot, previous: Snapshot | None = None) -> Charges:
     """The snapshot's query_ns, less previous's (the maps are cumulative)."""
     out: Charges = {}
     for key, value in snapshot.get("query_ns").items():
-        if isinstance(value, int) and len(key) == 5 and all(isinstance(k, int) for k in key):
-            out[(int(str(key[0])), int(str(key[1])), int(str(key[2])), int(str(key[3])),
-                 int(str(key[4])))] = value  # fmt: skip
+        if isinstance(value, int) and len(key) == 5 and all(type(k) is int for k in key):
+            out[cast(tuple[int, int, int, int, int], key)] = value
     if previous is not None:
-        for key, value in charges(previous).items():
-            out[key] = out.get(key, 0) - value
+        return minus(out, charges(previous))
+    return out
+
+
+def minus(now: Charges, before: Charges) -> Charges:
+    """One cumulative read of query_ns less an earlier one."""
+    out = dict(now)
+    for key, value in before.items():
+        out[key] = out.get(key, 0) - value
     return out
 
 

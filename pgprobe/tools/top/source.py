@@ -14,7 +14,9 @@ takes the samples since the last one into its window's blocking trees (tools/loc
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import resource
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -75,6 +77,13 @@ def check(ns: argparse.Namespace) -> None:
         raise PgprobeError(f"top needs the compiled time model: {why}", EXIT_ENV)
 
 
+def kept_files() -> int:
+    """How many /proc/PID/schedstat files a refresh keeps open: half the file limit left
+    after 256 (SQL sessions, the object's maps and links, the terminal)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 65536 if soft == resource.RLIM_INFINITY else max(0, (soft - 256) // 2)
+
+
 def still_present(discovered: dict[int, int], alive: list[int], unmoved: set[int]) -> list[int]:
     """present(discovered) now, from the last refresh's: a process present then that has not
     moved since (the read just made found its counters unchanged) is that process still,
@@ -104,6 +113,13 @@ class Source:
         self.snapshot = Snapshot(label="")  # the last refresh's (its common meta)
         self.sampler: LockSampler | None = None  # who blocks whom (with the lock dimension)
         self._blocking: lock_trees.Trees | None = None  # the last refresh's trees
+        # the last refresh's snapshot, modelled and charged to statements (_window)
+        self._last: (
+            tuple[Snapshot, list[waits_records.ProcessTime], query_records.Charges] | None
+        ) = None
+        # ours(targets), each answer kept for the capture: both snapshots of a window are
+        # modelled alike (a process that exits in between stays ours)
+        self._is_ours: Callable[[int], bool] = ours(targets)
         self._stop = False
 
     def set_interval(self, seconds: int) -> None:
@@ -164,7 +180,8 @@ class Source:
         targets = self.targets
         discovered = identities(run_counts(watched(targets)))
         args = probe.script_args(targets, self.where, self.interval)
-        reads = Unmoved()
+        reads = Unmoved(files=proc.SchedstatFiles(kept_files()))
+        self._is_ours, self._last = functools.cache(ours(targets)), None
         capture = compiled.capture(args, duration, query=self.dims.query, locks=self.dims.locks,
                                    unmoved=reads)  # fmt: skip
         self.capture = capture
@@ -177,26 +194,29 @@ class Source:
         recycle: int | None = None
         failed = 0
         alive: list[int] = []
-        for event in capture.events():
-            if not isinstance(event, Snapshot):
-                continue
-            alive = still_present(discovered, alive, reads.confirmed)
-            frame = self.frame(previous, event, alive, capture.info, failed)
-            if note:
-                frame.lost.append(note)
-                note = ""
-            failed = capture.info.failed_map_updates
-            exited = waits_records.exited(event)
-            if exited >= waits_records.RECYCLE_AFTER_EXITED and recycle is None:
-                recycle = exited
-                capture.request_stop()
-            if not proc.exists(targets.cluster.postmaster_pid):
-                self.gone = (f"the server is gone: postmaster {targets.cluster.postmaster_pid} "
-                             "exited")  # fmt: skip
-                frame.lost.append(self.gone)
-                capture.request_stop()
-            previous = self.snapshot = event
-            yield frame
+        try:
+            for event in capture.events():
+                if not isinstance(event, Snapshot):
+                    continue
+                alive = still_present(discovered, alive, reads.confirmed)
+                frame = self.frame(previous, event, alive, capture.info, failed)
+                if note:
+                    frame.lost.append(note)
+                    note = ""
+                failed = capture.info.failed_map_updates
+                exited = waits_records.exited(event)
+                if exited >= waits_records.RECYCLE_AFTER_EXITED and recycle is None:
+                    recycle = exited
+                    capture.request_stop()
+                if not proc.exists(targets.cluster.postmaster_pid):
+                    self.gone = (f"the server is gone: postmaster {targets.cluster.postmaster_pid} "
+                                 "exited")  # fmt: skip
+                    frame.lost.append(self.gone)
+                    capture.request_stop()
+                previous = self.snapshot = event
+                yield frame
+        finally:
+            reads.close()
         return recycle
 
     def frame(
@@ -217,11 +237,10 @@ class Source:
         def kept(pid: int) -> bool:
             return pid not in own and keep(pid)
 
-        procs = [p for p in waits_records.since(previous, snapshot, alive, ours(targets))
-                 if kept(p.pid)]  # fmt: skip
+        window, charged = self._window(previous, snapshot, alive)
+        procs = [p for p in window if kept(p.pid)]
         backends = records.backends(procs, major, reading.sessions)
         by_class, wall = records.totals(backends)
-        charged = query_records.charges(snapshot, previous)
         statements = query_records.statements(major, charged, kept)
         query_records.add_counters(statements, reading.calls)
         ids = [s.query_id for s in statements[:50] if s.query_id is not None
@@ -252,6 +271,25 @@ class Source:
                              self.cpus, by_class, wall, backends, records.waits(procs, major),
                              statements, lock_records.by_lock(waits), label, lost,
                              major, blocking, lock_of)  # fmt: skip
+
+    def _window(
+        self, previous: Snapshot | None, snapshot: Snapshot, alive: list[int]
+    ) -> tuple[list[waits_records.ProcessTime], query_records.Charges]:
+        """The window's processes (the time model) and its statements' charges: each
+        snapshot modelled once, at its refresh, and kept for the next window's difference
+        (modelled as it was: ours() answers kept, `alive` only shrinks in a capture)."""
+        modelled = waits_records.records(snapshot, alive, self._is_ours)
+        cumulative = query_records.charges(snapshot)
+        window, charged = modelled, cumulative
+        if previous is not None:
+            last = self._last if self._last is not None and self._last[0] is previous else None
+            before = (last[1] if last is not None
+                      else waits_records.records(previous, alive, self._is_ours))  # fmt: skip
+            window = waits_records.difference(modelled, before, snapshot, previous)
+            charged = query_records.minus(cumulative, last[2] if last is not None
+                                          else query_records.charges(previous))  # fmt: skip
+        self._last = (snapshot, modelled, cumulative)
+        return window, charged
 
     def _lost(
         self,

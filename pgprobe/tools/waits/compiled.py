@@ -316,7 +316,7 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     the running totals, the rest asleep, an open sleep (state ASLEEP) ending at `now`. Two
     fields more than waits.bt's (records.WOKEN_AFTER): the runqueue time after the sleeps
     in the running total's event, and after the open sleep (woken since, in its event)."""
-    fields = _TASK.unpack(raw[0])
+    fields = _fields(raw[0])
     cpu, runq2, runq3, wei, wait = fields[4:9]
     part = _open(raw)
     totals = (part.on_cpu + cpu, runq2 + part.preempted, runq3 + part.woken, wei, wait)
@@ -325,13 +325,20 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     return (now - part.slept, ASLEEP, part.asleep_in, 0, *totals, fields[_WAIT_RQ], part.woken)
 
 
+@functools.cache  # emptied at each read's end, as _open
+def _fields(entry: bytes) -> tuple[int, ...]:
+    """An entry's fields (1,848 bytes: a read asks each several times; the entry of a process
+    that has not moved is the same bytes object read after read, its hash kept)."""
+    return _TASK.unpack(entry)
+
+
 @functools.lru_cache(maxsize=4096)  # a read of 1,000 processes asks ~3,000
 def _open(raw: RawTask) -> querydim.Open:
     """The interval open at the read of a raw entry, split on the kernel's counters (pure:
     kept for the entries of a read, which asks it of each several times; emptied at the
     read's end, so no entry outlives it)."""
     entry, when, counters = raw
-    fields = _TASK.unpack(entry)
+    fields = _fields(entry)
     since, state, a, rd_p = fields[:4]
     cpu0, rd0, nv0 = fields[9:12]
     span = max(0, when - since)
@@ -391,13 +398,19 @@ def read(
         if _U64.unpack(v)[0] <= now:
             maps["exit_ns"].setdefault((_U32.unpack(k)[0],), _U64.unpack(v)[0])
     for pid, (entry, _when, counters) in list(after.items()):
-        if _unmoved(pid, counters):  # neither run nor on CPU since: as it was at `now`
+        if _unmoved(pid, counters, unmoved):  # neither run nor on CPU since: as it was at `now`
             after[pid] = (entry, now, counters)
         elif pid in same:  # it ran since its read before the maps: read it after them now
             same.discard(pid)
             after.pop(pid)
             after.update(_raw_tasks(obj, [pid], unmoved))
-    closed_before: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in before.items()}
+    # an entry the same after the maps as before them: its closed form from after alone
+    # (_consistent has nothing to choose)
+    closed_before: dict[Key, AggValue] = {
+        (pid,): _closed(raw, now)
+        for pid, raw in before.items()
+        if pid not in after or after[pid][0] != raw[0]
+    }
     closed_after: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in after.items()}
     maps["task"] = _consistent(obj, closed_before, closed_after, maps["wait_ns"])
     # the sleeps still in each task's histogram, from the entry kept for its totals
@@ -421,13 +434,14 @@ def read(
         unmoved.forget_gone(set(after))
         unmoved.confirmed = same
     _open.cache_clear()
+    _fields.cache_clear()
     return Snapshot(label=time.strftime("%H:%M:%S"), maps=maps)
 
 
-def _unmoved(pid: int, counters: proc.SchedCounters) -> bool:
+def _unmoved(pid: int, counters: proc.SchedCounters, unmoved: Unmoved | None) -> bool:
     """Whether pid's time on CPU and run count are still those read (asleep, or waiting
     for a CPU, since)."""
-    now = proc.schedstat(pid)
+    now = unmoved.schedstat(pid) if unmoved is not None else proc.schedstat(pid)
     return now is not None and (now[0], now[2]) == (counters.cpu_ns, counters.runs)
 
 
@@ -466,7 +480,7 @@ def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[
         tid, wei, slot, _ = _HIST_KEY.unpack(k)
         counts[(tid, wei, slot)] = _U64.unpack(v)[0]
     for pid, entry in entries.items():
-        fields = _TASK.unpack(entry)
+        fields = _fields(entry)
         for slot, n in enumerate(fields[_HIST_AT:_QUERY_AT]):
             if n:
                 key = (pid, fields[7], slot)
@@ -489,7 +503,7 @@ def query_totals(obj: libbpf.BpfObject, pids: list[int]) -> querydim.Charges:
 
 def _query_fields(pid: int, raw: RawTask) -> tuple[int, ...]:
     """A raw entry's query dimension fields (querydim.FIELDS), its marks, then the pid."""
-    fields = _TASK.unpack(raw[0])
+    fields = _fields(raw[0])
     marks = fields[_MARKS_AT : _MARKS_AT + querydim.MARK_FIELDS]
     return (*fields[_QUERY_AT : _QUERY_AT + querydim.FIELDS], *marks, pid)
 
@@ -515,18 +529,35 @@ def _query_ns(
             unmoved.statement(pid, now)
         return now
 
-    def fields(raws: dict[int, RawTask]) -> dict[int, tuple[int, ...]]:
-        return {pid: _query_fields(pid, raw) for pid, raw in raws.items()}
+    def fields(
+        raws: dict[int, RawTask], same: dict[int, tuple[int, ...]]
+    ) -> dict[int, tuple[int, ...]]:
+        """Each entry's query fields (those of `same` where the entry is that one; those
+        kept from the read before for the same entry)."""
+        out = {}
+        for pid, raw in raws.items():
+            if pid in same and after[pid][0] == raw[0]:
+                out[pid] = same[pid]
+            elif unmoved is not None:
+                out[pid] = unmoved.of_entry(
+                    pid, raw[0], "query fields", functools.partial(_query_fields, pid, raw)
+                )
+            else:
+                out[pid] = _query_fields(pid, raw)
+        return out
 
     def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
         raw = after[pid] if q == fields_after.get(pid) else before[pid]
-        return querydim.charges(pid, q, _open(raw), statement_now(pid), rodata)
+        known = None
+        if unmoved is not None:
+            known = unmoved.of_entry(pid, raw[0], "query totals", lambda: querydim.totals(pid, q))
+        return querydim.charges(pid, q, _open(raw), statement_now(pid), rodata, known)
 
-    fields_after = fields(after)
-    return querydim.snapshot_map(obj, read, fields(before), fields_after, live)
+    fields_after = fields(after, {})
+    return querydim.snapshot_map(obj, read, fields(before, fields_after), fields_after, live)
 
 
 def _lock_part(raw: RawTask) -> lockdim.Part:
     """A raw entry's lock fields, with its open sleep as the time model charges it."""
-    fields, part = _TASK.unpack(raw[0]), _open(raw)
+    fields, part = _fields(raw[0]), _open(raw)
     return lockdim.Part(fields[_LOCK_AT:_WAIT_RQ], part.asleep_in, fields[2], part.slept)

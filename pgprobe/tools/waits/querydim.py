@@ -18,6 +18,7 @@ import contextlib
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import AggValue, Key
@@ -76,9 +77,9 @@ class Dimension:
         return (*head, *[0] * (FIELDS - 3))
 
 
-@dataclass(frozen=True)
-class Open:
-    """The interval still open at a read, split as compiled._closed splits it."""
+class Open(NamedTuple):
+    """The interval still open at a read, split as compiled._closed splits it (a tuple:
+    made for each process at each read)."""
 
     on_cpu: int
     preempted: int
@@ -152,17 +153,23 @@ def totals(tid: int, q: tuple[int, ...]) -> Charges:
 
 
 def charges(
-    tid: int, q: tuple[int, ...], open_: Open, now: statement.Read | None, rodata: dict[str, int]
+    tid: int,
+    q: tuple[int, ...],
+    open_: Open,
+    now: statement.Read | None,
+    rodata: dict[str, int],
+    known_totals: Charges | None = None,
 ) -> Charges:
     """One live process's running totals and open interval, as @query_ns keys (fields q:
     the query dimension's, the marks', the pid). Its run is split at its marks as
     waits.bpf.c's close_interval splits one: the first mark's part from the run's start,
-    the rest (less what marks charged) to the statement read now."""
+    the rest (less what marks charged) to the statement read now. known_totals: totals(tid,
+    q) when the caller has them (the same entry as at the read before: not copied out)."""
     qa_state, qa_id = q[0], q[1]
     mk_ns, _rd, mk_cc, mk_state, mk_id, f_ns, f_rd, f_state, f_id, f_act, mk_cpu, mk_pre = q[
         FIELDS : FIELDS + MARK_FIELDS
     ]
-    out = totals(tid, q)
+    out = dict(known_totals) if known_totals is not None else totals(tid, q)
     cpu, pre = open_.on_cpu, open_.preempted
     start = open_.read_at - cpu - pre
     base = (qa_state, qa_id, q[2])

@@ -303,7 +303,16 @@ def since(
     now = records(snapshot, targets, is_ours, slept_in, asleep_at_start)
     if previous is None:
         return now
-    before = {p.pid: p for p in records(previous, targets, is_ours, slept_in, asleep_at_start)}
+    return difference(now, records(previous, targets, is_ours, slept_in, asleep_at_start),
+                      snapshot, previous)  # fmt: skip
+
+
+def difference(
+    now: list[ProcessTime], before_list: list[ProcessTime], snapshot: Snapshot, previous: Snapshot
+) -> list[ProcessTime]:
+    """since()'s window from the two snapshots' records (modelled alike: a caller that
+    keeps a snapshot's records for the next window passes them as they were)."""
+    before = {p.pid: p for p in before_list}
     start, end = window(snapshot, previous)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
     out = []
@@ -329,8 +338,16 @@ def _minus(now: dict[int, int], before: dict[int, int]) -> dict[int, int]:
     """now - before, key by key. A key only in before goes negative: a sleep from before
     the capture shown as unknown (2) in one window and named at its end in a later one
     moves there (that window shows the unknown part negative, the named one whole)."""
-    keys = now.keys() | before.keys()
-    return {k: now.get(k, 0) - before.get(k, 0) for k in keys if now.get(k, 0) != before.get(k, 0)}
+    if now == before:  # most processes' most maps between two refreshes
+        return {}
+    out = {}
+    for k, v in now.items():
+        if v != before.get(k, 0):
+            out[k] = v - before.get(k, 0)
+    for k, v in before.items():
+        if v and k not in now:
+            out[k] = -v
+    return out
 
 
 def hist_minus(now: Log2Hist, before: Log2Hist) -> Log2Hist:
@@ -418,7 +435,7 @@ def _add_open(
     is_ours: Callable[[int], bool],
 ) -> None:
     """Charge what a task was doing when the maps were printed, since max(since, start)."""
-    since, state, a, b = (list(task) + [0, 0, 0, 0])[:4]
+    since, state, a, b = task[:4] if len(task) >= 4 else (*task, 0, 0, 0, 0)[:4]
     if state in (0, NOT_OURS, LOST_TRACK) or since > end:
         return
     if state in (PENDING_WOKEN, PENDING_ON_CPU, PENDING_LOST_TRACK) and not is_ours(pid):

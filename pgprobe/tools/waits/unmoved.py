@@ -11,10 +11,14 @@ one file read each instead of a pidfd, two map lookups, /proc/PID/status and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from pgprobe import proc
 from pgprobe.waitevents import statement
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -26,6 +30,9 @@ class Kept:
     counters: proc.SchedCounters
     statement: statement.Read | None = None
     read: bool = False
+    # what a read computes from the entry alone (its query fields and totals, its
+    # histogram's slots), by name: kept with the entry (of_entry)
+    derived: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -36,13 +43,18 @@ class Unmoved:
     # the processes found not moved all through the last read: the same processes as at
     # the read before (a pid taken by a new process would have its own counters)
     confirmed: set[int] = field(default_factory=set)
+    # schedstat kept open per process (a long-lived reader: top); None: opened at each read
+    files: proc.SchedstatFiles | None = None
+
+    def schedstat(self, pid: int) -> tuple[int, int, int] | None:
+        return self.files.read(pid) if self.files is not None else proc.schedstat(pid)
 
     def still(self, pid: int) -> Kept | None:
         """pid's last read when it has not moved since (one read of /proc/PID/schedstat)."""
         kept = self.kept.get(pid)
         if kept is None:
             return None
-        now = proc.schedstat(pid)
+        now = self.schedstat(pid)
         c = kept.counters
         if now is None or now != (c.cpu_ns, c.runq_ns, c.runs):
             del self.kept[pid]
@@ -60,6 +72,16 @@ class Unmoved:
         if kept is not None:
             kept.statement, kept.read = read, True
 
+    def of_entry(self, pid: int, entry: bytes, name: str, compute: Callable[[], T]) -> T:
+        """compute(), a pure function of pid's entry named `name`: kept from the read before
+        when the entry is the same (a process that has not run: most of them)."""
+        kept = self.kept.get(pid)
+        if kept is None or kept.entry != entry:
+            return compute()
+        if name not in kept.derived:
+            kept.derived[name] = compute()
+        return cast(T, kept.derived[name])
+
     def known_statement(self, pid: int) -> Kept | None:
         """pid's kept read when its statement is known (read since it last moved)."""
         kept = self.kept.get(pid)
@@ -68,3 +90,9 @@ class Unmoved:
     def forget_gone(self, live: set[int]) -> None:
         for pid in self.kept.keys() - live:
             del self.kept[pid]
+        if self.files is not None:
+            self.files.keep_only(live)
+
+    def close(self) -> None:
+        if self.files is not None:
+            self.files.close()
