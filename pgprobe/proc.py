@@ -85,38 +85,37 @@ class SchedstatFiles:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._fds: dict[int, int] = {}
-        self._last: dict[int, tuple[bytes, tuple[int, int, int]]] = {}  # not parsed again
+        # pid -> (descriptor, the last text read, its fields): a text read again is not
+        # parsed again
+        self._open: dict[int, tuple[int, bytes, tuple[int, int, int]]] = {}
 
     def read(self, pid: int) -> tuple[int, int, int] | None:
-        fd = self._fds.get(pid)
-        if fd is None:
-            if len(self._fds) >= self.limit:
+        kept = self._open.get(pid)
+        if kept is None:
+            if len(self._open) >= self.limit:
                 return schedstat(pid)
             try:
                 fd = os.open(f"{PROC}/{pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 return None
-            self._fds[pid] = fd
+            kept = self._open[pid] = (fd, b"", (0, 0, 0))
         try:
-            raw = os.pread(fd, 256, 0)
-            last = self._last.get(pid)
-            if last is None or last[0] != raw:
-                last = self._last[pid] = (raw, _parse_schedstat(raw))
-            return last[1]
+            raw = os.pread(kept[0], 256, 0)
+            if raw != kept[1]:
+                kept = self._open[pid] = (kept[0], raw, _parse_schedstat(raw))
+            return kept[2]
         except (OSError, ValueError):
             self.forget(pid)
             return None
 
     def forget(self, pid: int) -> None:
-        self._last.pop(pid, None)
-        fd = self._fds.pop(pid, None)
-        if fd is not None:
-            os.close(fd)
+        kept = self._open.pop(pid, None)
+        if kept is not None:
+            os.close(kept[0])
 
     def keep_only(self, pids: set[int]) -> None:
         """The descriptors of the other processes closed."""
-        for pid in self._fds.keys() - pids:
+        for pid in self._open.keys() - pids:
             self.forget(pid)
 
     def close(self) -> None:

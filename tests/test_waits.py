@@ -62,6 +62,7 @@ from pgprobe.pgbuilds import PgBuild
 from pgprobe.proc import SchedCounters
 from pgprobe.sandbox import PgCluster
 from pgprobe.tools.waits import compiled, records
+from pgprobe.tools.waits.unmoved import Unmoved
 
 CPU_QUERY = "SELECT count(*) FROM generate_series(1, 3000000)"
 # A known spread of sleeps for the percentiles: 180 of 3 ms and 20 of 40 ms, one statement
@@ -178,6 +179,38 @@ def test_compiled_closes_an_open_interval_on_the_kernels_counters() -> None:
     assert closed(compiled.SEEDED_RUNNING, 0, 0, 10)[1:3] == (records.ASLEEP, before)
     assert closed(compiled.SEEDED_RUNNING, 0, 0, 9)[:3] == (0, 0, 0)
     assert closed(compiled.STARTED, 0, 0, 9)[:3] == (0, 0, 0)
+
+
+def test_compiled_keeps_the_closed_form_of_an_unmoved_entry_only_when_steady() -> None:
+    """Pure: an entry read again at a later `now` with the same counters (the process has
+    not run) closes to the same tuple when its split was steady (the CPU and runqueue
+    growth whole, no known sleep length): kept, and equal to the one computed anew; when
+    the split was cut at the span (the counters ran ahead of the clock), computed anew."""
+    clientread = waitevents.number(15, "Client", "ClientRead")
+    assert clientread is not None
+
+    def entry(since: int) -> bytes:
+        return compiled._TASK.pack(since, compiled.ASLEEP, clientread, 0, 10, 1, 2, clientread,
+                                   40, 500, 700, 9, 0, 0, 0, *[0] * compiled.HIST_SLOTS,
+                                   *[0] * compiled.TAIL_FIELDS)  # fmt: skip
+
+    counters = SchedCounters(700, 1_000, 3, 9)  # 200 more on CPU, 300 more queued
+    # since 4_800: 500 of growth in a span of 200 at 5_000 (cut), steady from 5_500 on
+    for since, steady in ((1_000, [True, True, True]), (4_800, [False, True, True])):
+        reads = Unmoved()
+        raw = (entry(since), 5_000, counters)
+        reads.keep(7, raw[0], counters)
+        for now, kept in zip((5_000, 6_000, 9_000), steady, strict=True):
+            got = compiled._closed_now(7, (raw[0], now, counters), now, reads)
+            assert got == compiled._closed((raw[0], now, counters), now)
+            assert ("closed" in reads.kept[7].derived) is kept
+    # another entry or other counters: never the kept one
+    reads = Unmoved()
+    reads.keep(7, entry(1_000), counters)
+    compiled._closed_now(7, (entry(1_000), 5_000, counters), 5_000, reads)
+    other = SchedCounters(900, 1_000, 4, 9)
+    got = compiled._closed_now(7, (entry(1_000), 6_000, other), 6_000, reads)
+    assert got == compiled._closed((entry(1_000), 6_000, other), 6_000)
 
 
 def test_compiled_adds_each_tasks_own_histogram_to_the_maps() -> None:

@@ -10,7 +10,7 @@ wheel: pgprobe/bpf/build/), and this kernel loads it (raw BTF tracepoints and ta
 Linux 5.13+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line.
 `--engine bpftrace` asks for the script.
 
-Kept in one module (~500 lines) because the @task layout, the seed that writes it and the
+Kept in one module (~600 lines) because the @task layout, the seed that writes it and the
 reads that close its open intervals must agree field by field with bpf/waits.bpf.c; the
 query and lock dimensions' own parts of that (their fields, charges and maps) are
 querydim.py and lockdim.py."""
@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from pgprobe import histogram, proc, waitevents
 from pgprobe.engines import compiled as engine
@@ -325,6 +326,34 @@ def _closed(raw: RawTask, now: int) -> tuple[int, ...]:
     return (now - part.slept, ASLEEP, part.asleep_in, 0, *totals, fields[_WAIT_RQ], part.woken)
 
 
+def _closed_now(pid: int, raw: RawTask, now: int, unmoved: Unmoved | None) -> tuple[int, ...]:
+    """_closed(raw, now) of an entry with its counters read at `now`: kept from an earlier
+    read of the same entry and counters when that one was steady. Steady: the open
+    interval's CPU and runqueue parts are the counters' growth whole (not cut at the span)
+    and no known sleep length (slept_p) can cut it; then a later `now` only lengthens the
+    open sleep, whose start (now - slept) and every total stay: the same tuple."""
+    kept = unmoved.kept.get(pid) if unmoved is not None else None
+    if kept is None or raw[1] != now or kept.entry != raw[0] or kept.counters != raw[2]:
+        return _closed(raw, now)
+    steady = kept.derived.get("closed")
+    if steady is not None:
+        return cast(tuple[int, ...], steady)
+    closed = _closed(raw, now)
+    fields, part, counters = _fields(raw[0]), _open(raw), raw[2]
+    since, _state, _a, rd_p = fields[:4]
+    cpu0, rd0 = fields[9:11]
+    if (
+        now >= since
+        and part.on_cpu + part.preempted + part.woken + part.slept == now - since
+        and part.on_cpu == max(0, counters.cpu_ns - cpu0)
+        and part.preempted + part.woken == max(0, counters.runq_ns - rd0)
+        and not (rd_p and fields[_SLEPT_P])
+        and (part.asleep_in is None or part.slept > 0)
+    ):
+        kept.derived["closed"] = closed  # fmt: skip
+    return closed
+
+
 @functools.cache  # emptied at each read's end, as _open
 def _fields(entry: bytes) -> tuple[int, ...]:
     """An entry's fields (1,848 bytes: a read asks each several times; the entry of a process
@@ -411,18 +440,20 @@ def read(
         for pid, raw in before.items()
         if pid not in after or after[pid][0] != raw[0]
     }
-    closed_after: dict[Key, AggValue] = {(pid,): _closed(raw, now) for pid, raw in after.items()}
+    closed_after: dict[Key, AggValue] = {
+        (pid,): _closed_now(pid, raw, now, unmoved) for pid, raw in after.items()
+    }
     maps["task"] = _consistent(obj, closed_before, closed_after, maps["wait_ns"])
     # the sleeps still in each task's histogram, from the entry kept for its totals
     kept = {pid: (before[pid] if maps["task"][(pid,)] is closed_before.get((pid,)) else raw)[0]
             for pid, raw in after.items()}  # fmt: skip
-    maps["wait_hist"] = _hists(hist_items, kept)
+    maps["wait_hist"] = _hists(hist_items, kept, unmoved)
     if query:
         maps["query_ns"] = _query_ns(obj, query, query_read, before, after, unmoved)
     if locks:
         # only the processes with a lock wait in an entry: the others add nothing to the map
         waited = {pid for pid, raw in (*before.items(), *after.items())
-                  if raw[0][_LOCK_BYTES] != _NO_LOCK}  # fmt: skip
+                  if not raw[0].startswith(_NO_LOCK, _LOCK_BYTES.start)}  # fmt: skip
         kept_raw = {pid: before[pid] if maps["task"][(pid,)] is closed_before.get((pid,))
                     else raw for pid, raw in after.items() if pid in waited}  # fmt: skip
         maps["lock_ns"] = lockdim.collect(
@@ -471,7 +502,15 @@ def _consistent(
     return out
 
 
-def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[Key, AggValue]:
+def _entry_hist(entry: bytes) -> tuple[tuple[int, int, int], ...]:
+    """An entry's own histogram: (its running total's event, slot, count) of each slot used."""
+    fields = _fields(entry)
+    return tuple((fields[7], slot, n) for slot, n in enumerate(fields[_HIST_AT:_QUERY_AT]) if n)
+
+
+def _hists(
+    items: list[tuple[bytes, bytes]], entries: dict[int, bytes], unmoved: Unmoved | None = None
+) -> dict[Key, AggValue]:
     """(tid, wei, slot) -> count, from @wait_hist and the live tasks' own histograms (of
     their running total's event), into a Log2Hist per (tid, wei): slot 0 holds 0, slot k
     2^(k-1) .. 2^k - 1 (bpftrace's hist buckets; the object's last slot holds all longer)."""
@@ -480,11 +519,11 @@ def _hists(items: list[tuple[bytes, bytes]], entries: dict[int, bytes]) -> dict[
         tid, wei, slot, _ = _HIST_KEY.unpack(k)
         counts[(tid, wei, slot)] = _U64.unpack(v)[0]
     for pid, entry in entries.items():
-        fields = _fields(entry)
-        for slot, n in enumerate(fields[_HIST_AT:_QUERY_AT]):
-            if n:
-                key = (pid, fields[7], slot)
-                counts[key] = counts.get(key, 0) + n
+        used = (unmoved.of_entry(pid, entry, "hist", functools.partial(_entry_hist, entry))
+                if unmoved is not None else _entry_hist(entry))  # fmt: skip
+        for wei, slot, n in used:
+            key = (pid, wei, slot)
+            counts[key] = counts.get(key, 0) + n
     buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     for (tid, wei, slot), n in counts.items():
         buckets.setdefault((tid, wei), []).append((*histogram.slot_bounds(slot), n))

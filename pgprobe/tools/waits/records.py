@@ -316,17 +316,26 @@ def difference(
     start, end = window(snapshot, previous)
     born, exited = _ints(snapshot, "born_ns"), _ints(snapshot, "exit_ns")
     out = []
+    empty = Log2Hist(())
     for cur in now:
-        old = before.get(cur.pid, ProcessTime(cur.pid, 0))
+        old = before.get(cur.pid)
+        if old is None:
+            old = ProcessTime(cur.pid, 0)
         begin, finish = max(start, born.get(cur.pid, start)), min(end, exited.get(cur.pid, end))
         p = ProcessTime(cur.pid, max(finish - begin, 0), cur.cpu_ns - old.cpu_ns)
         p.born, p.exited = cur.born and not old.born, cur.exited and not old.exited
         p.woken_after_known = cur.woken_after_known
-        p.runq_ns = _minus(cur.runq_ns, old.runq_ns)
+        # (most maps of most processes are the same as at the refresh before: no call)
+        if cur.runq_ns != old.runq_ns:
+            p.runq_ns = _minus(cur.runq_ns, old.runq_ns)
         p.wait_ns = _minus(cur.wait_ns, old.wait_ns)
-        p.woken_after_ns = _minus(cur.woken_after_ns, old.woken_after_ns)
+        if cur.woken_after_ns != old.woken_after_ns:
+            p.woken_after_ns = _minus(cur.woken_after_ns, old.woken_after_ns)
         for wei, hist in cur.wait_hist.items():
-            left = hist_minus(hist, old.wait_hist.get(wei, Log2Hist(())))
+            prior = old.wait_hist.get(wei, empty)
+            if prior.buckets == hist.buckets:
+                continue
+            left = hist_minus(hist, prior)
             if left.count:
                 p.wait_hist[wei] = left
         if p.wall_ns or p.accounted_ns:
