@@ -350,7 +350,7 @@ def _closed_now(pid: int, raw: RawTask, now: int, unmoved: Unmoved | None) -> tu
         and not (rd_p and fields[_SLEPT_P])
         and (part.asleep_in is None or part.slept > 0)
     ):
-        kept.derived["closed"] = closed  # fmt: skip
+        kept.derived["closed"] = closed
     return closed
 
 
@@ -568,22 +568,14 @@ def _query_ns(
             unmoved.statement(pid, now)
         return now
 
-    def fields(
-        raws: dict[int, RawTask], same: dict[int, tuple[int, ...]]
-    ) -> dict[int, tuple[int, ...]]:
-        """Each entry's query fields (those of `same` where the entry is that one; those
-        kept from the read before for the same entry)."""
-        out = {}
-        for pid, raw in raws.items():
-            if pid in same and after[pid][0] == raw[0]:
-                out[pid] = same[pid]
-            elif unmoved is not None:
-                out[pid] = unmoved.of_entry(
-                    pid, raw[0], "query fields", functools.partial(_query_fields, pid, raw)
-                )
-            else:
-                out[pid] = _query_fields(pid, raw)
-        return out
+    def fields(raws: dict[int, RawTask]) -> dict[int, tuple[int, ...]]:
+        """Each entry's query fields: kept with the entry (the same tuple for an entry the
+        same before the maps, after them and at the read before)."""
+        if unmoved is None:
+            return {pid: _query_fields(pid, raw) for pid, raw in raws.items()}
+        return {pid: unmoved.of_entry(pid, raw[0], "query fields",
+                                      functools.partial(_query_fields, pid, raw))
+                for pid, raw in raws.items()}  # fmt: skip
 
     def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
         raw = after[pid] if q == fields_after.get(pid) else before[pid]
@@ -592,8 +584,8 @@ def _query_ns(
             known = unmoved.of_entry(pid, raw[0], "query totals", lambda: querydim.totals(pid, q))
         return querydim.charges(pid, q, _open(raw), statement_now(pid), rodata, known)
 
-    fields_after = fields(after, {})
-    return querydim.snapshot_map(obj, read, fields(before, fields_after), fields_after, live)
+    fields_after = fields(after)
+    return querydim.snapshot_map(obj, read, fields(before), fields_after, live)
 
 
 def _lock_part(raw: RawTask) -> lockdim.Part:
