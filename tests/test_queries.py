@@ -287,6 +287,8 @@ def unthrottled_tps(pg: PgCluster, scripts: tuple[str, ...]) -> float:
 # The ≤ 2 bound holds where the executor's time per call outweighs what pgprobe also holds
 # (message read, parse, send, preemptions outside the executor): 0.6-2.4 ms per call on a
 # loaded 2-CPU VM (CI: UPDATE pgbench_accounts at 0.51 ms/call was 2.68 times its time).
+# The heavy statement is held to it whatever its time per call: 1.9-2.4 ms (1.96 on a quiet
+# CI run, just under HEAVY_MS); summing more rows turns its plan into a 17 ms sequential scan.
 HEAVY_MS = 2.0
 HEAVY = "SELECT sum(abalance) FROM pgbench_accounts WHERE aid BETWEEN 1 AND 30000;\n"
 TRANSACTION_CONTROL = ("BEGIN", "END", "COMMIT", "START TRANSACTION")
@@ -343,7 +345,7 @@ def test_pgbench_statements_against_pg_stat_statements(pg_build: PgBuild, tracin
         print(f"{ratio:.3f} {row['db_time_us'] / 1e6:.3f} s {ms / calls:.3f} ms/call "
               f"{row['query'][:50]}")  # fmt: skip
         assert ratio >= 0.95, (ratio, row, ms)
-        if ms / calls >= HEAVY_MS:
+        if ms / calls >= HEAVY_MS or row["query"].startswith(HEAVY[:20]):
             assert ratio <= 2.0, (ratio, row, ms)
             bounded += 1
     assert bounded >= 1, statements
