@@ -578,14 +578,21 @@ def _query_ns(
                 for pid, raw in raws.items()}  # fmt: skip
 
     def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
-        raw = after[pid] if q == fields_after.get(pid) else before[pid]
+        # q is the fields after the maps, or before them for a process gone since
+        raw = after[pid] if q is fields_after.get(pid) else before[pid]
         known = None
         if unmoved is not None:
             known = unmoved.of_entry(pid, raw[0], "query totals", lambda: querydim.totals(pid, q))
         return querydim.charges(pid, q, _open(raw), statement_now(pid), rodata, known)
 
-    fields_after = fields(after)
-    return querydim.snapshot_map(obj, read, fields(before), fields_after, live)
+    fields_before = fields(before)
+    # an entry the same object after the maps as before them (a process that has not run:
+    # most of them) has the same fields
+    fields_after = fields({pid: raw for pid, raw in after.items()
+                           if pid not in before or before[pid][0] is not raw[0]})  # fmt: skip
+    fields_after.update({pid: fields_before[pid] for pid, raw in after.items()
+                         if pid in before and before[pid][0] is raw[0]})  # fmt: skip
+    return querydim.snapshot_map(obj, read, fields_before, fields_after, live)
 
 
 def _lock_part(raw: RawTask) -> lockdim.Part:

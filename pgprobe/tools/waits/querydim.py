@@ -165,11 +165,25 @@ def charges(
     waits.bpf.c's close_interval splits one: the first mark's part from the run's start,
     the rest (less what marks charged) to the statement read now. known_totals: totals(tid,
     q) when the caller has them (the same entry as at the read before: not copied out)."""
+    out = dict(known_totals) if known_totals is not None else totals(tid, q)
+    if open_.on_cpu or open_.preempted or open_.woken or q[FIELDS]:
+        _add_run(out, tid, q, open_, now, rodata)
+    # else no run since the entry's `since` and no mark (asleep all along: most processes
+    # at most reads): every part of the run is 0 (tests/test_querydim.py)
+    if open_.asleep_in is not None:
+        _add(out, (tid, WAIT, q[0], open_.asleep_in, q[1]), open_.slept)
+    return out
+
+
+def _add_run(
+    out: Charges, tid: int, q: tuple[int, ...], open_: Open, now: statement.Read | None,
+    rodata: dict[str, int],
+) -> None:  # fmt: skip
+    """The open interval's run and the runqueue time after its wakeup, split (charges)."""
     qa_state, qa_id = q[0], q[1]
     mk_ns, _rd, mk_cc, mk_state, mk_id, f_ns, f_rd, f_state, f_id, f_act, mk_cpu, mk_pre = q[
         FIELDS : FIELDS + MARK_FIELDS
     ]
-    out = dict(known_totals) if known_totals is not None else totals(tid, q)
     cpu, pre = open_.on_cpu, open_.preempted
     start = open_.read_at - cpu - pre
     base = (qa_state, qa_id, q[2])
@@ -190,9 +204,6 @@ def charges(
     _add(out, (tid, CPU, rs, 0, rid), cpu)
     _add(out, (tid, PREEMPTED, rs, 0, rid), pre)
     _add(out, (tid, WOKEN, qa_state, open_.woken_in, qa_id), open_.woken)
-    if open_.asleep_in is not None:
-        _add(out, (tid, WAIT, qa_state, open_.asleep_in, qa_id), open_.slept)
-    return out
 
 
 def read_map(obj: libbpf.BpfObject) -> Charges:
