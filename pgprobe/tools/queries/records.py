@@ -32,7 +32,7 @@ def charges(snapshot: Snapshot, previous: Snapshot | None = None) -> Charges:
     """The snapshot's query_ns, less previous's (the maps are cumulative)."""
     out: Charges = {}
     for key, value in snapshot.get("query_ns").items():
-        # each part's type asked apart: a generator per key was a tenth of top's refresh
+        # each part's type asked apart: a generator per key was half of this loop's time
         if isinstance(value, int) and len(key) == 5:
             tid, kind, state, wei, qid = key
             if type(tid) is type(kind) is type(state) is type(wei) is type(qid) is int:
@@ -44,7 +44,7 @@ def charges(snapshot: Snapshot, previous: Snapshot | None = None) -> Charges:
 
 def minus(now: Charges, before: Charges) -> Charges:
     """One cumulative read of query_ns less an earlier one, without the keys that did not
-    move (most of them: a process idle all through the window has a dozen)."""
+    move (most of them: the keys of every process asleep all through the window)."""
     out = dict(now)
     for key, value in before.items():
         moved = out.get(key, 0) - value

@@ -588,10 +588,9 @@ def _query_ns(
     fields_before = fields(before)
     # an entry the same object after the maps as before them (a process that has not run:
     # most of them) has the same fields
-    fields_after = fields({pid: raw for pid, raw in after.items()
-                           if pid not in before or before[pid][0] is not raw[0]})  # fmt: skip
-    fields_after.update({pid: fields_before[pid] for pid, raw in after.items()
-                         if pid in before and before[pid][0] is raw[0]})  # fmt: skip
+    same = {pid for pid, raw in after.items() if pid in before and before[pid][0] is raw[0]}
+    fields_after = fields({pid: raw for pid, raw in after.items() if pid not in same})
+    fields_after.update({pid: fields_before[pid] for pid in same})
     return querydim.snapshot_map(obj, read, fields_before, fields_after, live)
 
 
