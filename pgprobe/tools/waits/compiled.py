@@ -585,13 +585,8 @@ def _query_ns(
             known = unmoved.of_entry(pid, raw[0], "query totals", lambda: querydim.totals(pid, q))
         return querydim.charges(pid, q, _open(raw), statement_now(pid), rodata, known)
 
-    fields_before = fields(before)
-    # an entry the same object after the maps as before them (a process that has not run:
-    # most of them) has the same fields
-    same = {pid for pid, raw in after.items() if pid in before and before[pid][0] is raw[0]}
-    fields_after = fields({pid: raw for pid, raw in after.items() if pid not in same})
-    fields_after.update({pid: fields_before[pid] for pid in same})
-    return querydim.snapshot_map(obj, read, fields_before, fields_after, live)
+    fields_after = fields(after)
+    return querydim.snapshot_map(obj, read, fields(before), fields_after, live)
 
 
 def _lock_part(raw: RawTask) -> lockdim.Part:
