@@ -43,9 +43,21 @@ def _restore_on(signals: tuple[signal.Signals, ...], restore: Callable[[], None]
             signal.signal(sig, handle)
 
 
+def raise_guarded(signals: tuple[signal.Signals, ...], wanted: bool) -> Callable[[], None]:
+    """Raise (where wanted) and install the handler with these signals blocked: one that
+    arrives in between is held until the handler can put the raise back, instead of
+    ending pgprobe with its session still raised (seen once in CI)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        restore = priority.raise_own() if wanted else (lambda: None)
+        _restore_on(signals, restore)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return restore
+
+
 def main() -> int:
-    restore = priority.raise_own() if wants_priority(sys.argv[1:]) else (lambda: None)
-    _restore_on((signal.SIGTERM, signal.SIGHUP), restore)
+    restore = raise_guarded((signal.SIGTERM, signal.SIGHUP), wants_priority(sys.argv[1:]))
     try:
         from pgprobe.cli import main as cli_main  # after the raise: the imports are the cost
 

@@ -114,10 +114,11 @@ def test_sigterm_in_a_capture_puts_the_session_back(cluster: PgCluster, tracing:
 
 
 def test_sigterm_outside_a_capture_puts_the_session_back_and_still_kills() -> None:
+    """A SIGTERM as soon as the raise is seen (before the handler is in, were it not held)
+    still puts the session back."""
     code = (
-        "import signal, time; from pgprobe import launch, priority; "
-        "restore = priority.raise_own(); "
-        "launch._restore_on((signal.SIGTERM,), restore); time.sleep(60)"
+        "import signal, time; from pgprobe import launch; "
+        "launch.raise_guarded((signal.SIGTERM,), True); time.sleep(60)"
     )
     shell = in_own_session(f"{sys.executable} -c '{code}'")
     pid = python_child(shell)
