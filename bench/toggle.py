@@ -71,6 +71,7 @@ from bench import bpfstats, common, stats
 from bench.configs import MANY, SELECT, TPCB, Workload, many_statements
 from bench.overhead import Pgbench
 from pgprobe import discover
+from pgprobe.engines import libbpf
 from pgprobe.engines.libbpf import BpfObject
 from pgprobe.sandbox import PgCluster
 from pgprobe.tools.waits import compiled, lockdim, probe, querydim
@@ -331,7 +332,10 @@ def measure(
         # with --queries, another build is one of the query dimension's (loaded as such)
         other = {**rodata, **query_rodata} if queries else rodata
         off = frozenset() if queries else compiled.QUERY_PROGRAMS
-        objects.update({o.stem: BpfObject(o, other, off, uprobes) for o in others})
+        for o in others:  # an older build: only the globals it has (a newer part off)
+            known = libbpf.rodata_names(o)
+            objects[o.stem] = BpfObject(o, {k: v for k, v in other.items() if k in known}, off,
+                                        uprobes)  # fmt: skip
         switch = Switcher(objects)
         costs_s = (STATS_WINDOW_S + 1) * len(objects) * cost_rounds
         total = int(minutes * 60) + WARMUP_S + costs_s + 30

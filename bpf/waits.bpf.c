@@ -140,6 +140,17 @@ const volatile __u64 text_hash = 0;
 const volatile __u64 act_off = 0;
 const volatile __u64 pg_clock_ns = 0;
 /*
+ * The end of a statement within a run: st_state_start_timestamp (state_at_off; the same
+ * clock), written when the backend reported idle (or idle in transaction) after it. The
+ * part of the run after that report (the protocol's send of the result, the read that
+ * finds no next message, a preemption by the client the result woke) is not the
+ * statement's, as pg_stat_activity shows it: it is keyed by that state alone, id 0, time
+ * between statements (keyed by the statement too, TPC-B's ~20 keys a backend grew to ~27
+ * of the entry's 32 slots: on_switch took ~500 ns more a switch, its slots taken over).
+ * after_report(); 0: not read, the whole run is the statement's.
+ */
+const volatile __u64 state_at_off = 0;
+/*
  * The lock dimension (pgprobe/tools/waits/lockdim.py): at a switch-out into a sleep of the
  * Lock class, the lock the backend is queued on (MyProc->waitLock's LOCKTAG), the mode it
  * wants and when its wait began (waitLockMode, waitStart); each lock wait's sleeps are
@@ -224,6 +235,12 @@ struct task_state {
 	__u64 s_state, s_id, s_wei, s_wait, s_rq3;
 	__u64 span;	/* running total of Q_SPANNED time (to @query_ns at the exit) */
 	/*
+	 * Between statements (after_report(), and what follows a mark): on CPU and preempted
+	 * in b_state, id 0. A running total of its own: with r_*, the key changed twice a
+	 * switch-out (the statement's part, then this), a slot search each.
+	 */
+	__u64 b_state, b_cpu, b_rq2;
+	/*
 	 * The running totals' earlier keys (slot_add): a hash map update per change of
 	 * statement cost ~900 ns per switch-out under pgbench TPC-B, which changes statement
 	 * at almost every one (docs/benchmarks.md); the entry is in cache already.
@@ -278,6 +295,7 @@ struct lock_val {
 /* A statement read at a switch-out: the status entry's change count, state, id. */
 struct query {
 	__u64 cc, state, id, act;	/* act: st_activity_start_timestamp (us since 2000) */
+	__u64 at;	/* st_state_start_timestamp (us since 2000; 0: not read) */
 	bool ok;
 };
 struct query_key {
@@ -503,6 +521,7 @@ __noinline int read_query(__u64 be, struct query *q)
 
 	q->ok = false;
 	q->act = 0;
+	q->at = 0;
 	q->cc = 0;
 	q->state = Q_NO_ENTRY;
 	q->id = 0;
@@ -515,6 +534,7 @@ __noinline int read_query(__u64 be, struct query *q)
 	q->state = *(__u32 *)(s->entry + (state_off & (SPAN_MAX - 4))) & 0xff;
 	q->id = *(__u64 *)(s->entry + (qid_off & (SPAN_MAX - 8)));
 	q->act = act_off ? *(__u64 *)(s->entry + (act_off & (SPAN_MAX - 8))) : 0;
+	q->at = state_at_off ? *(__u64 *)(s->entry + (state_at_off & (SPAN_MAX - 8))) : 0;
 	if (q->id || !text_hash || q->state == 0)
 		return 0;
 	__u64 raw = *(__u64 *)(s->entry + (raw_off & (SPAN_MAX - 8)));
@@ -629,6 +649,26 @@ static __always_inline void charge_run(struct task_state *t, __u32 tid, __u64 st
 	}
 	t->r_cpu += cpu;
 	t->r_rq2 += preempted;
+}
+
+static __always_inline void flush_between(struct task_state *t, __u32 tid)
+{
+	if (t->b_cpu || t->b_rq2)
+		to_slot(t, tid, PAIR_RUN, t->b_state, 0, 0, t->b_cpu, t->b_rq2);
+	t->b_cpu = t->b_rq2 = 0;
+}
+
+static __always_inline void charge_between(struct task_state *t, __u32 tid, __u64 state,
+					   __u64 cpu, __u64 preempted)
+{
+	if (!cpu && !preempted)
+		return;
+	if (t->b_state != state) {
+		flush_between(t, tid);
+		t->b_state = state;
+	}
+	t->b_cpu += cpu;
+	t->b_rq2 += preempted;
 }
 
 static __always_inline void charge_sleep(struct task_state *t, __u32 tid, __u64 wei,
@@ -792,6 +832,26 @@ static __always_inline __u64 spanned(__u64 act, __u64 from, __u64 len)
 }
 
 /*
+ * A part of a run that ends at `end` in which a statement ended (q: idle, reports made):
+ * its time after the backend reported idle, at most `cpu` (no preemption follows that
+ * report in the part: it would have been a mark, which ends a part).
+ */
+static __always_inline __u64 after_report(struct query *q, __u64 end, __u64 cpu)
+{
+	if (!q->at || !pg_clock_ns || q->at * 1000 <= pg_clock_ns)
+		return 0;
+	__u64 at = q->at * 1000 - pg_clock_ns, after = end > at ? end - at : 0;
+	return after < cpu ? after : cpu;
+}
+
+/* Whether q shows a statement ended since base_cc: idle (or in a transaction), reports made. */
+static __always_inline bool ended(struct query *q, __u64 base_cc)
+{
+	__u64 raw = q->state & 0xff;
+	return q->ok && q->cc != base_cc && raw < 64 && ((idle_states >> raw) & 1);
+}
+
+/*
  * The interval from the entry's `since` to now, on the kernel's counters: on CPU and in
  * a runqueue (before the first preemption: woken, not yet running; after it: preempted),
  * and the rest asleep: the sleep begun at `since`, in `a`. nv: the process's voluntary
@@ -873,7 +933,12 @@ __noinline int close_interval(struct task_state *t, struct closing *c, struct qu
 			if (q->ok && q->cc != t->cc0)
 				t->span += spanned(q->act, from, run);
 		}
-		charge_run(t, tid, rs, rid, cpu_l, pre_l);
+		__u64 idle = ended(q, t->mk_ns ? t->mk_cc : t->cc0) ? after_report(q, now, cpu_l) : 0;
+		if (t->mk_ns && !(q->ok && q->cc != t->mk_cc))
+			charge_between(t, tid, rs, cpu_l, pre_l);	/* all after the mark */
+		else
+			charge_run(t, tid, rs, rid, cpu_l - idle, pre_l);
+		charge_between(t, tid, q->state, idle, 0);
 		charge_sleep(t, tid, t->a, 0, woken);
 	}
 	if (t->state == SEEDED_ASLEEP || t->state == SEEDED_RUNNING) {
@@ -963,13 +1028,22 @@ static __always_inline void mark(struct task_state *t, __u32 tid, __u64 rd)
 		__u64 wall = now > t->mk_ns ? now - t->mk_ns : 0;
 		__u64 pre = rd > t->mk_rd ? rd - t->mk_rd : 0;
 		pre = pre < wall ? pre : wall;
-		charge_run(t, tid, state, id, wall - pre, pre);
+		__u64 idle = after_report(&q, now, wall - pre);
+		charge_run(t, tid, state, id, wall - pre - idle, pre);
+		charge_between(t, tid, q.state, idle, 0);
 		t->span += spanned(q.act, t->mk_ns, wall);
 		t->mk_cpu += wall - pre;
 		t->mk_pre += pre;
 	} else {
 		run_key(t->qa_state, t->qa_id, t->cc0, &q, &state, &id);
-		t->f_ns = now;
+		/*
+		 * The first part, from the run's start (known at the switch-out), ends at the
+		 * idle report; what follows it to here is charged now, as the marks' parts are.
+		 */
+		__u64 idle = after_report(&q, now, now > t->since ? now - t->since : 0);
+		charge_between(t, tid, q.state, idle, 0);
+		t->mk_cpu = idle;
+		t->f_ns = now - idle;
 		t->f_rd = rd;
 		t->f_state = state;
 		t->f_id = id;
@@ -978,8 +1052,9 @@ static __always_inline void mark(struct task_state *t, __u32 tid, __u64 rd)
 	t->mk_ns = now;
 	t->mk_rd = rd;
 	t->mk_cc = q.cc;
-	t->mk_state = state;
-	t->mk_id = id;
+	/* what follows the mark, while nothing more is reported: between statements */
+	t->mk_state = q.state;
+	t->mk_id = 0;
 }
 
 SEC("tp_btf/sched_switch")
@@ -1023,7 +1098,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		else
 			set(&exit_ns, tid, now);	/* its exit not seen (attached since) */
 	}
-	struct query q = { 0, Q_NO_ENTRY, 0, 0, false };
+	struct query q = { 0, Q_NO_ENTRY, 0, 0, 0, false };
 	__u32 wei = 0;
 	bool wei_read = false, wei_ok = false;
 	/* one call of close_interval for the three ways in (below) */
@@ -1093,6 +1168,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (query_span) {
 			flush_runs(t, tid);
 			flush_sleeps(t, tid);
+			flush_between(t, tid);
 			for (__u32 i = 0; i < QSLOTS; i++)
 				evict(&t->slots[i], tid);
 			if (t->span) {

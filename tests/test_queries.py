@@ -19,10 +19,10 @@ checked in the three-statement test's own window, beside the tool.
   the window's edges pgprobe reports), and at most 2 times it where pg_stat_statements
   times at least 2 ms per call; the top statement is the same in both. Why not 2 times
   for every statement: pg_stat_statements times the executor and the planner; pgprobe
-  holds all the active time (pg_stat_activity's `active`): reading the message, parse
-  analysis, sending the result, a preemption in any of it; on TPC-B's 20-100 µs
-  statements on a 2-CPU VM that is 1.8-4.4 times the executor's time (measured:
-  docs/queries.md). And transaction control (BEGIN, END, COMMIT) is left out of both
+  holds the statement's run up to its idle report (pg_stat_activity's `active`, and
+  reading its message before): parse analysis, a preemption in any of it; on TPC-B's
+  20-100 µs statements on a 2-CPU VM that is 1.7-4.6 times the executor's time
+  (measured: docs/queries.md). And transaction control (BEGIN, END, COMMIT) is left out of both
   checks: its commit runs after pg_stat_statements' hook returns (finish_xact_command), so
   pg_stat_statements times it at ~1 µs while the commit, its WAL and the statistics flush
   at idle are END's. At this rate pgbench often sends the next statement before the

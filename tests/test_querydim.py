@@ -1,6 +1,7 @@
 """querydim.charges' shortcut for a process that has not run since its entry's `since`:
-the general split (_add_run) adds nothing then, whatever the entry and the statement now.
-Pure functions: no cluster."""
+the general split (_add_run) adds nothing then, whatever the entry and the statement now;
+and the split of an open run that ended a statement at its idle report. Pure functions:
+no cluster."""
 
 from __future__ import annotations
 
@@ -67,3 +68,22 @@ def test_a_mark_or_a_run_is_split() -> None:
     out = {}
     querydim._add_run(out, 4242, marked, asleep, now, RODATA)
     assert any(k[2] == statement.SPANNED for k in out), out
+
+
+def test_a_run_that_ended_a_statement_leaves_the_time_after_its_idle_report() -> None:
+    """An open run in which a statement ended (idle now, reports made): its time after the
+    idle report (st_state_start_timestamp) is the idle state's, the rest the statement's
+    (active); a report before the run's start leaves at most the run's CPU, one after the
+    read (clocks apart) nothing."""
+    rng = random.Random(13)
+    q = entry(rng, marked=False)
+    ran = Open(300_000, 0, 0, 0, None, 0, NOW_NS, 0)
+    now_us = (NOW_NS + RODATA["pg_clock_ns"]) // 1000
+    for reported_us_ago, idle_ns in ((100, 100_000), (0, 0), (10_000, 300_000), (-50, 0)):
+        now = statement.Read(q[2] + 2, 2, 77, now_us - 400, now_us - reported_us_ago)
+        out: querydim.Charges = {}
+        querydim._add_run(out, 4242, q, ran, now, RODATA)
+        statement_key = (4242, querydim.CPU, 1, 0, 77)  # active: RODATA's active_state
+        idle_key = (4242, querydim.CPU, 2, 0, 0)
+        assert out.get(idle_key, 0) == idle_ns, (reported_us_ago, out)
+        assert out.get(statement_key, 0) == 300_000 - idle_ns, (reported_us_ago, out)

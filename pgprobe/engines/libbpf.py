@@ -197,6 +197,11 @@ def recursion_misses(fds: list[int]) -> int:
     return total
 
 
+def rodata_names(path: Path) -> frozenset[str]:
+    """The names of the object's `const volatile` globals (what a load may set)."""
+    return frozenset(_rodata_symbols(path))
+
+
 def _rodata_symbols(path: Path) -> dict[str, tuple[int, int]]:
     """The object's `const volatile` globals: name -> (offset in .rodata, size)."""
     try:

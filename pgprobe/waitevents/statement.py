@@ -29,6 +29,7 @@ from pgprobe.waitevents import address, backend_state
 QUERY_ID_OFFSET: dict[int, int] = {14: 424, 15: 424, 16: 424, 17: 424, 18: 424}
 ACTIVITY_RAW_OFFSET: dict[int, int] = {14: 248, 15: 248, 16: 248, 17: 248, 18: 248}
 ACTIVITY_START_OFFSET = 32  # st_activity_start_timestamp, the same in 14-18
+STATE_START_OFFSET = 40  # st_state_start_timestamp (pg_stat_activity.state_change), 14-18
 PG_EPOCH_NS = 946_684_800 * 10**9  # TimestampTz counts microseconds from 2000-01-01
 
 TEXT = 0x100
@@ -69,7 +70,8 @@ class StatementAddress:
                 "raw_off": self.raw_offset, "idle_states": idle,
                 "active_state": names.index("active"), "idle_state": names.index("idle"),
                 "text_hash": int(text_hash),
-                "act_off": ACTIVITY_START_OFFSET, "pg_clock_ns": pg_clock_ns()}  # fmt: skip
+                "act_off": ACTIVITY_START_OFFSET, "state_at_off": STATE_START_OFFSET,
+                "pg_clock_ns": pg_clock_ns()}  # fmt: skip
 
 
 def find(state: backend_state.StateAddress | None, major: int) -> StatementAddress | None:
@@ -108,6 +110,7 @@ class Read:
     state: int  # with the flags
     query_id: int  # unsigned, as the probe keys it
     activity_start_us: int = 0  # st_activity_start_timestamp: microseconds since 2000
+    state_start_us: int = 0  # st_state_start_timestamp: when it reported its state
 
 
 def read(pid: int, where: StatementAddress, text_hash: bool, proc: Path = Path("/proc")) -> Read:
@@ -124,16 +127,17 @@ def read(pid: int, where: StatementAddress, text_hash: bool, proc: Path = Path("
             raise OSError(f"short read of pid {pid}'s status entry")
         cc = int.from_bytes(raw[0:4], "little")
         act = int.from_bytes(raw[ACTIVITY_START_OFFSET : ACTIVITY_START_OFFSET + 8], "little")
+        at = int.from_bytes(raw[STATE_START_OFFSET : STATE_START_OFFSET + 8], "little")
         state = raw[where.state_offset] & 0xFF
         qid = int.from_bytes(raw[where.query_id_offset : where.query_id_offset + 8], "little")
         if qid or not text_hash or state == 0:
-            return Read(cc, state, qid, act)
+            return Read(cc, state, qid, act, at)
         text_at = int.from_bytes(raw[where.raw_offset : where.raw_offset + 8], "little")
         if not text_at:
-            return Read(cc, state, 0, act)
+            return Read(cc, state, 0, act, at)
         mem.seek(text_at)
         text = mem.read(TEXT_MAX)
-        return Read(cc, state | TEXT, text_key(text), act)
+        return Read(cc, state | TEXT, text_key(text), act, at)
 
 
 def signed(query_id: int) -> int:

@@ -26,11 +26,12 @@ from pgprobe.waitevents import statement
 
 CPU, PREEMPTED, WOKEN, WAIT = 1, 2, 3, 4
 # qa_state, qa_id, cc0; r_state, r_id, r_cpu, r_rq2; s_state, s_id, s_wei, s_wait, s_rq3;
-# span (runs' parts before their last statement); q_next (moves of slots' totals to the map
-# so far: a slot taken over, or all of them at the proc_exit()); the slots, 4 fields each:
+# span (runs' parts before their last statement); b_state, b_cpu, b_rq2 (between
+# statements: after an idle report, id 0); q_next (moves of slots' totals to the map so
+# far: a slot taken over, or all of them at the proc_exit()); the slots, 4 fields each:
 # pair << 16 | state and wei << 32, id, a, b (waits.bpf.c's qslot)
 QSLOTS = 32
-_SLOTS_AT = 14
+_SLOTS_AT = 17
 FIELDS = _SLOTS_AT + 4 * QSLOTS
 # The marks (waits.bpf.c's mark()), after slept_p: the last one (mk_ns, mk_rd, mk_cc,
 # mk_state, mk_id), the first (f_ns, f_rd, f_state, f_id, f_act), what marks charged
@@ -121,10 +122,17 @@ def run_key(
     base: (state, id, change count) of the sleep before it or of its last mark."""
     if now is None or now.state & statement.NO_ENTRY or now.changecount == base[2]:
         return base[0], base[1]
-    raw = now.state & 0xFF
-    if (major_rodata["idle_states"] >> raw) & 1:
+    if _ended(now, major_rodata):
         return (now.state & ~0xFF) | major_rodata["active_state"], now.query_id
     return now.state, now.query_id
+
+
+def _ended(now: statement.Read, rodata: dict[str, int]) -> bool:
+    """Between statements (idle, or in a transaction): with reports made since the run's
+    start, a statement ended in it."""
+    return not now.state & statement.NO_ENTRY and bool(
+        (rodata["idle_states"] >> (now.state & 0xFF)) & 1
+    )
 
 
 def _spanned(act_us: int, start: int, length: int, rodata: dict[str, int]) -> int:
@@ -134,6 +142,13 @@ def _spanned(act_us: int, start: int, length: int, rodata: dict[str, int]) -> in
         return 0
     began = act_us * 1000 - rodata["pg_clock_ns"]
     return min(began - start, length) if began - start > statement.SPAN_MIN_NS else 0
+
+
+def _after_report(at_us: int, end: int, cpu: int, rodata: dict[str, int]) -> int:
+    """waits.bpf.c's after_report(): the time from the backend's idle report (at_us, its
+    clock) to end, at most cpu."""
+    at = at_us * 1000 - rodata["pg_clock_ns"]
+    return min(max(end - at, 0), cpu) if at_us and at > 0 else 0
 
 
 def totals(tid: int, q: tuple[int, ...]) -> Charges:
@@ -146,6 +161,9 @@ def totals(tid: int, q: tuple[int, ...]) -> Charges:
     _add(out, (tid, WAIT, s_state, s_wei, s_id), s_wait)
     _add(out, (tid, WOKEN, s_state, s_wei, s_id), s_rq3)
     _add(out, (tid, CPU, statement.SPANNED, 0, 0), q[12])
+    b_state, b_cpu, b_rq2 = q[13:16]
+    _add(out, (tid, CPU, b_state, 0, 0), b_cpu)
+    _add(out, (tid, PREEMPTED, b_state, 0, 0), b_rq2)
     for key_a, a, key_b, b in _slots(tid, q).values():
         _add(out, key_a, a)
         _add(out, key_b, b)
@@ -198,10 +216,14 @@ def _add_run(
         cpu, pre = max(cpu - c1 - mk_cpu, 0), max(pre - q1 - mk_pre, 0)
         start, base = mk_ns, (mk_state, mk_id, mk_cc)
     rs, rid = run_key(base, now, rodata)
+    idle = 0
     if now is not None and now.changecount != base[2]:
         spanned += _spanned(now.activity_start_us, start, max(open_.read_at - start, 0), rodata)
+        if _ended(now, rodata):  # its time after the idle report is the idle state's
+            idle = _after_report(now.state_start_us, open_.read_at, cpu, rodata)
+            _add(out, (tid, CPU, now.state, 0, 0), idle)
     _add(out, (tid, CPU, statement.SPANNED, 0, 0), spanned)  # counted, not moved
-    _add(out, (tid, CPU, rs, 0, rid), cpu)
+    _add(out, (tid, CPU, rs, 0, rid), cpu - idle)
     _add(out, (tid, PREEMPTED, rs, 0, rid), pre)
     _add(out, (tid, WOKEN, qa_state, open_.woken_in, qa_id), open_.woken)
 
