@@ -617,6 +617,13 @@ static __always_inline void flush_sleeps(struct task_state *t, __u32 tid)
 	t->s_wait = t->s_rq3 = 0;
 }
 
+/* Whether q shows a statement ended since base_cc: idle (or in a transaction), reports made. */
+static __always_inline bool ended(struct query *q, __u64 base_cc)
+{
+	__u64 raw = q->state & 0xff;
+	return q->ok && q->cc != base_cc && raw < 64 && ((idle_states >> raw) & 1);
+}
+
 /*
  * The statement a run belongs to, from what was read at its end (q) and at its start
  * (base: the sleep before it, or the last mark): nothing reported since (the change count unchanged: woken for
@@ -631,9 +638,7 @@ static __always_inline void run_key(__u64 base_state, __u64 base_id, __u64 base_
 	*id = base_id;
 	if (!q->ok || q->cc == base_cc)
 		return;
-	__u64 raw = q->state & 0xff;
-	*state = raw < 64 && (idle_states >> raw) & 1 ? (q->state & ~0xffULL) | active_state
-						      : q->state;
+	*state = ended(q, base_cc) ? (q->state & ~0xffULL) | active_state : q->state;
 	*id = q->id;
 }
 
@@ -844,13 +849,6 @@ static __always_inline __u64 after_report(struct query *q, __u64 end, __u64 cpu)
 	return after < cpu ? after : cpu;
 }
 
-/* Whether q shows a statement ended since base_cc: idle (or in a transaction), reports made. */
-static __always_inline bool ended(struct query *q, __u64 base_cc)
-{
-	__u64 raw = q->state & 0xff;
-	return q->ok && q->cc != base_cc && raw < 64 && ((idle_states >> raw) & 1);
-}
-
 /*
  * The interval from the entry's `since` to now, on the kernel's counters: on CPU and in
  * a runqueue (before the first preemption: woken, not yet running; after it: preempted),
@@ -1019,8 +1017,7 @@ static __always_inline void mark(struct task_state *t, __u32 tid, __u64 rd)
 {
 	struct query q;
 	read_query(entry_of(t), &q);
-	__u64 base_cc = t->mk_ns ? t->mk_cc : t->cc0, raw = q.state & 0xff;
-	if (!q.ok || q.cc == base_cc || raw >= 64 || !((idle_states >> raw) & 1))
+	if (!ended(&q, t->mk_ns ? t->mk_cc : t->cc0))
 		return;	/* nothing reported since, or within a statement */
 	__u64 now = bpf_ktime_get_ns(), state, id;
 	if (t->mk_ns) {

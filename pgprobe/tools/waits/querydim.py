@@ -219,7 +219,7 @@ def _add_run(
     idle = 0
     if now is not None and now.changecount != base[2]:
         spanned += _spanned(now.activity_start_us, start, max(open_.read_at - start, 0), rodata)
-        if _ended(now, rodata):  # its time after the idle report is the idle state's
+        if _ended(now, rodata):  # its time after the idle report is between statements
             idle = _after_report(now.state_start_us, open_.read_at, cpu, rodata)
             _add(out, (tid, CPU, now.state, 0, 0), idle)
     _add(out, (tid, CPU, statement.SPANNED, 0, 0), spanned)  # counted, not moved
