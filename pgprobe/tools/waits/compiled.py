@@ -66,6 +66,7 @@ _MARKS_AT = _SLEPT_P + 1
 _LOCK_AT = _MARKS_AT + querydim.MARK_FIELDS
 _WAIT_RQ = _LOCK_AT + lockdim.FIELDS
 _TASK = struct.Struct(f"<15Q{HIST_SLOTS}Q{TAIL_FIELDS}Q")
+_OPEN_HEAD = struct.Struct("<12Q")  # since, state, a, rd_p, 5 totals, cpu0, rd0, nv0
 _LOCK_BYTES = slice(8 * _LOCK_AT, 8 * _WAIT_RQ)  # the lock dimension's fields in an entry
 _NO_LOCK = bytes(8 * lockdim.FIELDS)
 _BY_TID = ("cpu_ns", "born_ns", "exit_ns")
@@ -367,12 +368,12 @@ def _open(raw: RawTask) -> querydim.Open:
     kept for the entries of a read, which asks it of each several times; emptied at the
     read's end, so no entry outlives it)."""
     entry, when, counters = raw
-    fields = _fields(entry)
-    since, state, a, rd_p = fields[:4]
-    cpu0, rd0, nv0 = fields[9:12]
+    # its own fields only: the whole entry's ~230 (_fields) for each process at each read
+    # was a tenth of top's refresh with 1,000 idle backends
+    since, state, a, rd_p, *_totals, cpu0, rd0, nv0 = _OPEN_HEAD.unpack_from(entry)
     span = max(0, when - since)
     on_cpu, queued, slept = _split(span, cpu0, rd0, counters)
-    slept_p = fields[_SLEPT_P]
+    (slept_p,) = _U64.unpack_from(entry, 8 * _SLEPT_P)
     if rd_p and slept_p and slept_p - 1 < slept:
         # The sleep's length is known (the object's first_sleep): the rest is on CPU, with
         # the steal that sum_exec_runtime leaves out (a wait for a CPU under way now too,
@@ -577,13 +578,13 @@ def _query_ns(
                                       functools.partial(_query_fields, pid, raw))
                 for pid, raw in raws.items()}  # fmt: skip
 
-    def live(pid: int, q: tuple[int, ...]) -> querydim.Charges:
+    def live(out: querydim.Charges, pid: int, q: tuple[int, ...]) -> None:
         # q is the fields after the maps, or before them for a process gone since
         raw = after[pid] if q is fields_after.get(pid) else before[pid]
         known = None
         if unmoved is not None:
             known = unmoved.of_entry(pid, raw[0], "query totals", lambda: querydim.totals(pid, q))
-        return querydim.charges(pid, q, _open(raw), statement_now(pid), rodata, known)
+        querydim.charge_into(out, pid, q, _open(raw), statement_now(pid), rodata, known)
 
     fields_after = fields(after)
     return querydim.snapshot_map(obj, read, fields(before), fields_after, live)

@@ -18,7 +18,7 @@ import contextlib
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from pgprobe.engines import libbpf
 from pgprobe.engines.base import AggValue, Key
@@ -183,14 +183,38 @@ def charges(
     waits.bpf.c's close_interval splits one: the first mark's part from the run's start,
     the rest (less what marks charged) to the statement read now. known_totals: totals(tid,
     q) when the caller has them (the same entry as at the read before: not copied out)."""
-    out = dict(known_totals) if known_totals is not None else totals(tid, q)
+    out: Charges = {}
+    charge_into(out, tid, q, open_, now, rodata, known_totals)
+    return out
+
+
+def charge_into(
+    out: Charges,
+    tid: int,
+    q: tuple[int, ...],
+    open_: Open,
+    now: statement.Read | None,
+    rodata: dict[str, int],
+    known_totals: Charges | None = None,
+) -> None:
+    """charges(), added into out (a read's map: one dict for all its processes)."""
+    _merge(out, known_totals if known_totals is not None else totals(tid, q))
     if open_.on_cpu or open_.preempted or open_.woken or q[FIELDS]:
         _add_run(out, tid, q, open_, now, rodata)
     # else no run since the entry's `since` and no mark (asleep all along: most processes
     # at most reads): every part of the run is 0 (tests/test_querydim.py)
     if open_.asleep_in is not None:
         _add(out, (tid, WAIT, q[0], open_.asleep_in, q[1]), open_.slept)
-    return out
+
+
+def _merge(out: Charges, more: Charges) -> None:
+    """more added into out. A process's keys are its own (they start with its tid): most
+    often none is in out yet, and the dict's own update does it."""
+    if out.keys().isdisjoint(more):
+        out.update(more)
+        return
+    for key, ns in more.items():
+        out[key] = out.get(key, 0) + ns
 
 
 def _add_run(
@@ -260,13 +284,14 @@ def snapshot_map(
     read: Charges,
     before: dict[int, tuple[int, ...]],
     after: dict[int, tuple[int, ...]],
-    live: Callable[[int, tuple[int, ...]], Charges],
+    live: Callable[[Charges, int, tuple[int, ...]], None],
 ) -> dict[Key, AggValue]:
-    """@query_ns as read, plus each live process's totals and open interval
-    (live(pid, fields)), from its entry read after the map. Totals that left the entry
-    between its two reads (a slot taken over, or the process's exit) are in the map read
-    when they moved before it, else only in the entry read before the map: added from
-    there when the map has grown for their keys since its read (fields end with the pid)."""
+    """@query_ns as read, plus each live process's totals and open interval (live(out,
+    pid, fields) adds them into out), from its entry read after the map. Totals that left
+    the entry between its two reads (a slot taken over, or the process's exit) are in the
+    map read when they moved before it, else only in the entry read before the map: added
+    from there when the map has grown for their keys since its read (fields end with the
+    pid)."""
     out: Charges = dict(read)
     for pid in before.keys() | after.keys():
         old, new = before.get(pid), after.get(pid)
@@ -274,12 +299,10 @@ def snapshot_map(
             # exited between the reads: all of it went to the map at its last switch-out
             if old is not None and _grown(obj, list(totals(pid, old)), read):
                 with contextlib.suppress(KeyError):
-                    for key, ns in live(pid, old).items():
-                        out[key] = out.get(key, 0) + ns
+                    live(out, pid, old)
             continue
         with contextlib.suppress(KeyError):
-            for key, ns in live(pid, new).items():
-                out[key] = out.get(key, 0) + ns
+            live(out, pid, new)
         if old is None or old[_SLOTS_AT - 1] == new[_SLOTS_AT - 1]:
             continue  # no slot's totals moved between the reads
         kept = _slots(pid, new)
@@ -289,6 +312,4 @@ def snapshot_map(
             if moved and _grown(obj, [key_a, key_b], read):
                 _add(out, key_a, a)
                 _add(out, key_b, b)
-    result: dict[Key, AggValue] = {}
-    result.update(out.items())
-    return result
+    return cast(dict[Key, AggValue], out)
