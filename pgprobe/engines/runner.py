@@ -356,12 +356,16 @@ def _finish_in_background(child: subprocess.Popen[bytes]) -> None:
         fd = child.stdout.fileno()
         started = time.monotonic()
         resends = 0
+        # poll, not select: a descriptor past 1,023 (top keeps one open per backend) is
+        # out of select()'s range
+        readable = select.poll()
+        readable.register(fd, select.POLLIN)
         while child.poll() is None:
             waited = time.monotonic() - started
             if waited > STOP_KILL_S:
                 child.kill()
                 break
-            if select.select([fd], [], [], TICK_S)[0]:
+            if readable.poll(TICK_S * 1000):
                 if not os.read(fd, 1 << 16):
                     break  # EOF: it is exiting
             elif waited > STOP_RESEND_S * (resends + 1):
