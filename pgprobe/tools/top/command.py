@@ -13,7 +13,7 @@ from typing import Any
 
 from pgprobe.errors import EXIT_USAGE, PgprobeError
 from pgprobe.tools import common
-from pgprobe.tools.top import cpu, records, view
+from pgprobe.tools.top import cpu, jsonline, records, view
 from pgprobe.tools.top.cpu import CpuSampler
 from pgprobe.tools.top.keys import KeyReader
 from pgprobe.tools.top.source import Source, check
@@ -77,6 +77,7 @@ def batch(ns: argparse.Namespace, source: Source) -> int:
     """Text (or a JSON line) per refresh: --once, --batch N, or until the end."""
     cluster, wanted = source.targets.cluster, 1 if ns.once else ns.batch
     frames, done = source.frames(), 0
+    lines = jsonline.Writer()
     for frame in frames:
         if ns.json:
             assert source.info is not None and source.capture is not None
@@ -84,7 +85,7 @@ def batch(ns: argparse.Namespace, source: Source) -> int:
                                window_unix_s=[round(frame.end_unix_s - frame.window_s, 6),
                                               round(frame.end_unix_s, 6)],
                                **records.meta(frame), notes=source.dims.notes)  # fmt: skip
-            common.print_json(NAME, meta, records.rows(frame))
+            print(lines.line(NAME, meta, frame), flush=True)
             for line in frame.lost:
                 common.warn(line)
         else:

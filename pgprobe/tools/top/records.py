@@ -89,14 +89,12 @@ class BackendRow:
         return sum(ns for c, ns in self.by_class.items() if c in _DB_CLASSES)
 
     def as_json(self) -> dict[str, Any]:
-        s, by_class = self.session, self.by_class
+        s = self.session
+        numbers = zip(NUMBER_KEYS, row_numbers(self), strict=True)
         return {"view": "backends", "pid": self.pid, "backend_type": s.backend_type,
                 "application_name": s.application_name, "client": s.client,
                 "datname": s.datname, "usename": s.usename, "state": s.state,
-                "xact_age_s": s.xact_age_s, "wait_event_now": s.wait_event,
-                "wall_us": _us(self.wall_ns), "db_time_us": _us(self.db_ns),
-                **{key: _us(by_class[c]) if c in by_class else 0.0 for c, key in _CLASS_KEYS},
-                "not_accounted_us": _us(self.wall_ns - sum(self.by_class.values())),
+                "xact_age_s": s.xact_age_s, "wait_event_now": s.wait_event, **dict(numbers),
                 "top_wait": self.top_wait, "exited": self.exited, "query": s.query}  # fmt: skip
 
 
@@ -159,7 +157,17 @@ def _us(ns: int) -> float:
     return ns / 1000
 
 
-_CLASS_KEYS = tuple((c, f"{_key(c)}_us") for c in (*CLASSES, IDLE, UNKNOWN))  # JSON's keys
+CLASS_KEYS = tuple((c, f"{_key(c)}_us") for c in (*CLASSES, IDLE, UNKNOWN))  # JSON's keys
+# a backend row's numbers (row_numbers), in its JSON
+NUMBER_KEYS = ("wall_us", "db_time_us", *(key for _, key in CLASS_KEYS), "not_accounted_us")
+
+
+def row_numbers(row: BackendRow) -> tuple[float, ...]:
+    """A backend row's numbers in its JSON (µs): wall, DB time, each class, not accounted."""
+    by_class = row.by_class
+    return (_us(row.wall_ns), _us(row.db_ns),
+            *[_us(by_class[c]) if c in by_class else 0.0 for c, _ in CLASS_KEYS],
+            _us(row.wall_ns - sum(by_class.values())))  # fmt: skip
 
 
 def process_classes(p: ProcessTime, major: int) -> dict[str, int]:
@@ -278,11 +286,12 @@ def tree_rows(blocking: Trees | None) -> list[tuple[Tree, int, int]]:
     return [(tree, pid, depth) for tree in trees for pid, depth in tree.depth_first()]
 
 
-def rows(frame: Frame) -> list[dict[str, Any]]:
-    """Every row of every view, each with its `view` key (the JSON document's rows)."""
+def rows(frame: Frame, backends: bool = True) -> list[dict[str, Any]]:
+    """Every row of every view, each with its `view` key (the JSON document's rows);
+    backends=False: all but the backends' (jsonline writes those)."""
     window = frame.end_ns - frame.start_ns
     db = frame.db_ns
-    out: list[dict[str, Any]] = [r.as_json() for r in frame.backends]
+    out: list[dict[str, Any]] = [r.as_json() for r in frame.backends] if backends else []
     out += [w.as_json() for w in frame.waits]
     out += [{"view": "statements", **s.as_json(frame.major, db, window)}
             for s in frame.statements]  # fmt: skip
