@@ -51,5 +51,6 @@ def _session_parts(row: BackendRow) -> tuple[str, str]:
     """A row's session keys as JSON: its head (up to wait_event_now, no closing brace) and
     its tail (the query, the closing brace)."""
     whole = row.as_json()
-    head = {key: whole[key] for key in list(whole)[: list(whole).index("wall_us")]}
+    keys = list(whole)
+    head = {key: whole[key] for key in keys[: keys.index("wall_us")]}
     return json.dumps(head)[:-1], f', "query": {json.dumps(whole["query"])}}}'

@@ -584,7 +584,7 @@ def _query_ns(
         known = None
         if unmoved is not None:
             known = unmoved.of_entry(pid, raw[0], "query totals", lambda: querydim.totals(pid, q))
-        querydim.charge_into(out, pid, q, _open(raw), statement_now(pid), rodata, known)
+        querydim.charges(pid, q, _open(raw), statement_now(pid), rodata, known, out)
 
     fields_after = fields(after)
     return querydim.snapshot_map(obj, read, fields(before), fields_after, live)

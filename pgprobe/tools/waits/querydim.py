@@ -177,27 +177,15 @@ def charges(
     now: statement.Read | None,
     rodata: dict[str, int],
     known_totals: Charges | None = None,
+    out: Charges | None = None,
 ) -> Charges:
     """One live process's running totals and open interval, as @query_ns keys (fields q:
     the query dimension's, the marks', the pid). Its run is split at its marks as
     waits.bpf.c's close_interval splits one: the first mark's part from the run's start,
     the rest (less what marks charged) to the statement read now. known_totals: totals(tid,
-    q) when the caller has them (the same entry as at the read before: not copied out)."""
-    out: Charges = {}
-    charge_into(out, tid, q, open_, now, rodata, known_totals)
-    return out
-
-
-def charge_into(
-    out: Charges,
-    tid: int,
-    q: tuple[int, ...],
-    open_: Open,
-    now: statement.Read | None,
-    rodata: dict[str, int],
-    known_totals: Charges | None = None,
-) -> None:
-    """charges(), added into out (a read's map: one dict for all its processes)."""
+    q) when the caller has them (the same entry as at the read before: not copied out).
+    out: added into it (a read's map, one dict for all its processes) and returned."""
+    out = {} if out is None else out
     _merge(out, known_totals if known_totals is not None else totals(tid, q))
     if open_.on_cpu or open_.preempted or open_.woken or q[FIELDS]:
         _add_run(out, tid, q, open_, now, rodata)
@@ -205,6 +193,7 @@ def charge_into(
     # at most reads): every part of the run is 0 (tests/test_querydim.py)
     if open_.asleep_in is not None:
         _add(out, (tid, WAIT, q[0], open_.asleep_in, q[1]), open_.slept)
+    return out
 
 
 def _merge(out: Charges, more: Charges) -> None:
