@@ -111,6 +111,27 @@ def test_frame_pointer_share_matches_pyelftools_on_mapped_files() -> None:
     assert checked >= 3
 
 
+def test_frame_pointer_share_of_what_is_not_a_whole_x86_64_elf_is_none(tmp_path: Path) -> None:
+    server = Path("/usr/lib/postgresql/15/bin/postgres").read_bytes()
+    cases = {
+        "text": b"#!/bin/sh\necho not an ELF\n",
+        "empty": b"",
+        "header only": server[:64],  # its section headers beyond the end
+        "cut short": server[: len(server) // 2],
+        "32-bit": server[:4] + b"\x01" + server[5:4096],
+        "big-endian": server[:5] + b"\x02" + server[6:4096],
+    }
+    for name, data in cases.items():
+        path = tmp_path / name.replace(" ", "-")
+        path.write_bytes(data)
+        fpcheck.frame_pointer_share.cache_clear()
+        share = fpcheck.frame_pointer_share(str(path))
+        if name == "cut short":  # .text may still be in the half read: judged or None
+            assert share is None or 0 <= share <= 1
+        else:
+            assert share is None, name
+
+
 def test_parse_maps_matches_the_regex_line_by_line() -> None:
     with open("/proc/self/maps") as f:
         text = f.read()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import html
+import threading
 from importlib import resources
 from typing import Any
 
@@ -53,6 +54,28 @@ def _environment() -> jinja2.Environment:
     )
 
 
+# the thread compiling every template while a capture runs (warm()), joined before a render
+_warming: list[threading.Thread] = []
+
+
+def warm() -> None:
+    """Compile every template in the background, once: Jinja2 compiles each from source at
+    its first use (70-120 ms of CPU for all, docs/benchmarks.md), which triage's window, a
+    second or more of waiting, pays for instead of its end."""
+    if not _warming:
+        _warming.append(threading.Thread(target=_compile_all, name="templates", daemon=True))
+        _warming[0].start()
+
+
+def _compile_all() -> None:
+    env = _environment()
+    for name in env.list_templates():
+        try:
+            env.get_template(name)
+        except Exception:  # noqa: BLE001 - compiled again by the render, which says it
+            continue
+
+
 def asset(name: str) -> Markup:
     """A stylesheet of assets/, read now (pgprobe's own file: trusted, not escaped)."""
     path = resources.files("pgprobe.render.report").joinpath("assets").joinpath(name)
@@ -61,4 +84,6 @@ def asset(name: str) -> Markup:
 
 def render(template: str, **context: Any) -> str:
     """Render templates/<template> with `context`."""
+    for thread in _warming:
+        thread.join()
     return _environment().get_template(template).render(**context)

@@ -24,6 +24,7 @@ from pgprobe import discover, pgstats
 from pgprobe.discover import Targets
 from pgprobe.engines.runner import STARTUP_TIMEOUT_S
 from pgprobe.errors import PgprobeError
+from pgprobe.render.report import templating
 from pgprobe.tools import common
 from pgprobe.tools.triage.parts import Part, Starter, start_parts
 
@@ -45,6 +46,7 @@ def capture_window(
 
     def on_attached() -> None:
         # The SQL window opens when the probes are in, so both see the same seconds.
+        templating.warm()  # the report's templates compiled while the window runs
         window["started_at"] = dt.datetime.now(dt.timezone.utc)
         try:
             with discover.connect_conninfo(conninfo) as conn:
