@@ -52,6 +52,13 @@ def test_a_process_asleep_all_along_adds_only_its_sleep() -> None:
                     key = (4242, querydim.WAIT, q[0], asleep_in, q[1])
                     want[key] = want.get(key, 0) + slept
                 assert querydim.charges(4242, q, open_, now, RODATA) == want
+                # the shortcut of a process steady since the read before: the same
+                alone = querydim.sleep_alone(4242, q, open_)
+                assert (alone is None) == (asleep_in is None)
+                if alone is not None:
+                    out = {}
+                    querydim.add_asleep(out, querydim.totals(4242, q), alone, slept)
+                    assert out == want
 
 
 def test_a_mark_or_a_run_is_split() -> None:
@@ -62,12 +69,14 @@ def test_a_mark_or_a_run_is_split() -> None:
     out: querydim.Charges = {}
     querydim._add_run(out, 4242, q, ran, None, RODATA)
     assert sum(out.values()) == 2_500_000
+    assert querydim.sleep_alone(4242, q, ran) is None
     marked = entry(rng, marked=True)
     asleep = Open(0, 0, 0, 10**9, 0x0600_0000, 0, NOW_NS, 0)
     now = statements_now(rng, marked)[2]
     out = {}
     querydim._add_run(out, 4242, marked, asleep, now, RODATA)
     assert any(k[2] == statement.SPANNED for k in out), out
+    assert querydim.sleep_alone(4242, marked, asleep) is None
 
 
 def test_a_run_that_ended_a_statement_leaves_the_time_after_its_idle_report() -> None:

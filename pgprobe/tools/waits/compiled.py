@@ -450,7 +450,7 @@ def read(
             for pid, raw in after.items()}  # fmt: skip
     maps["wait_hist"] = _hists(hist_items, kept, unmoved)
     if query:
-        maps["query_ns"] = _query_ns(obj, query, query_read, before, after, unmoved)
+        maps["query_ns"] = _query_ns(obj, query, query_read, before, after, unmoved, same)
     if locks:
         # only the processes with a lock wait in an entry: the others add nothing to the map
         waited = {pid for pid, raw in (*before.items(), *after.items())
@@ -555,10 +555,24 @@ def _query_ns(
     before: dict[int, RawTask],
     after: dict[int, RawTask],
     unmoved: Unmoved | None = None,
+    same: set[int] | None = None,
 ) -> dict[Key, AggValue]:
     """The query dimension's map, with each live process's totals and open interval (its
-    statement now: the one read last when it has not run since)."""
+    statement now: the one read last when it has not run since). same: the processes that
+    have not moved all through this read (their entry the same before the maps and after)."""
     rodata = query.rodata()
+    # Most processes at most reads (1,000 idle backends under top): asleep all along since
+    # the read before. Their charges are their totals and that sleep, to the read's end:
+    # kept, with the sleep's start, and not split again (a third of top's refresh was this).
+    asleep: dict[int, tuple[querydim.Charges, querydim.Key5, int]] = {}
+    for pid in same or ():
+        alone = _asleep_alone(pid, after[pid], unmoved)
+        if alone is not None:
+            totals, key, start = alone
+            asleep[pid] = (totals, key, after[pid][1] - start)
+    if asleep:
+        before = {pid: raw for pid, raw in before.items() if pid not in asleep}
+        after = {pid: raw for pid, raw in after.items() if pid not in asleep}
 
     def statement_now(pid: int) -> statement.Read | None:
         kept = unmoved.known_statement(pid) if unmoved is not None else None
@@ -587,7 +601,31 @@ def _query_ns(
         querydim.charges(pid, q, _open(raw), statement_now(pid), rodata, known, out)
 
     fields_after = fields(after)
-    return querydim.snapshot_map(obj, read, fields(before), fields_after, live)
+    out = querydim.snapshot_map(obj, read, fields(before), fields_after, live)
+    for totals, key, slept in asleep.values():
+        querydim.add_asleep(cast(querydim.Charges, out), totals, key, slept)
+    return out
+
+
+def _asleep_alone(
+    pid: int, raw: RawTask, unmoved: Unmoved | None
+) -> tuple[querydim.Charges, querydim.Key5, int] | None:
+    """For a process steady since the read before (_closed_now kept its closed form: the
+    same entry and counters, its open sleep only lengthening) whose open interval is a sleep
+    alone (querydim.sleep_alone): its totals, that sleep's key and its start (raw's read
+    moment less the sleep: the same at every read while it stays so), kept with the entry."""
+    kept = unmoved.kept.get(pid) if unmoved is not None else None
+    if kept is None or kept.entry != raw[0] or kept.counters != raw[2]:
+        return None
+    if "closed" not in kept.derived:
+        return None
+    if "query asleep" not in kept.derived:
+        q, part = _query_fields(pid, raw), _open(raw)
+        key = querydim.sleep_alone(pid, q, part)
+        kept.derived["query asleep"] = (
+            (querydim.totals(pid, q), key, raw[1] - part.slept) if key is not None else None
+        )
+    return cast(tuple[querydim.Charges, querydim.Key5, int] | None, kept.derived["query asleep"])
 
 
 def _lock_part(raw: RawTask) -> lockdim.Part:

@@ -196,6 +196,25 @@ def charges(
     return out
 
 
+Key5 = tuple[int, int, int, int, int]
+
+
+def sleep_alone(tid: int, q: tuple[int, ...], open_: Open) -> Key5 | None:
+    """The key of the open interval's sleep when that sleep is the whole of it (no run since
+    the entry's `since`, no mark): charges() then adds the totals and this key's `slept`
+    alone (add_asleep). None: charges() must split a run."""
+    if open_.on_cpu or open_.preempted or open_.woken or q[FIELDS] or open_.asleep_in is None:
+        return None
+    return (tid, WAIT, q[0], open_.asleep_in, q[1])
+
+
+def add_asleep(out: Charges, totals_: Charges, key: Key5, slept: int) -> None:
+    """charges() of a process whose open interval is one sleep (sleep_alone: its key), from
+    its totals: added into out."""
+    _merge(out, totals_)
+    _add(out, key, slept)
+
+
 def _merge(out: Charges, more: Charges) -> None:
     """more added into out. A process's keys are its own (they start with its tid): most
     often none is in out yet, and the dict's own update does it."""
