@@ -172,27 +172,27 @@ def row_numbers(row: BackendRow) -> tuple[float, ...]:
 
 def process_classes(p: ProcessTime, major: int) -> dict[str, int]:
     """One process's window by class (ns): CLASSES, IDLE, UNKNOWN."""
-    out: dict[str, int] = defaultdict(int)
-    out["CPU"] = p.cpu_ns
-    out["runqueue"] = sum(p.runq_ns.values())
+    out = {"CPU": p.cpu_ns, "runqueue": sum(p.runq_ns.values())}
     for wei, ns in p.wait_ns.items():
-        out[wait_class(major, wei)] += ns
-    return dict(out)
+        cls = wait_class(major, wei)
+        out[cls] = out.get(cls, 0) + ns
+    return out
 
 
 def backends(
     procs: Iterable[ProcessTime], major: int, sessions: dict[int, Session]
 ) -> list[BackendRow]:
     """One row per process of the window, the most DB time first."""
-    out = []
+    keyed = []
     for p in procs:
         waits = [(ns, wei) for wei, ns in p.wait_ns.items()
                  if ns > 0 and wait_class(major, wei) in CLASSES]  # fmt: skip
         top = event_name(major, max(waits)[1]) if waits else ""
         session = sessions.get(p.pid) or Session(p.pid, "(exited)" if p.exited else "")
-        out.append(BackendRow(p.pid, p.wall_ns, process_classes(p, major), top, session,
-                              p.exited))  # fmt: skip
-    return sorted(out, key=lambda r: (-r.db_ns, r.pid))
+        row = BackendRow(p.pid, p.wall_ns, process_classes(p, major), top, session, p.exited)
+        keyed.append((-row.db_ns, p.pid, row))  # db_ns summed once, not at each comparison
+    keyed.sort(key=lambda k: k[:2])
+    return [row for _, _, row in keyed]
 
 
 def waits(procs: Iterable[ProcessTime], major: int) -> list[WaitRow]:

@@ -322,15 +322,12 @@ def difference(
         if old is None:
             old = ProcessTime(cur.pid, 0)
         begin, finish = max(start, born.get(cur.pid, start)), min(end, exited.get(cur.pid, end))
-        p = ProcessTime(cur.pid, max(finish - begin, 0), cur.cpu_ns - old.cpu_ns)
-        p.born, p.exited = cur.born and not old.born, cur.exited and not old.exited
-        p.woken_after_known = cur.woken_after_known
-        # (most maps of most processes are the same as at the refresh before: no call)
-        if cur.runq_ns != old.runq_ns:
-            p.runq_ns = _minus(cur.runq_ns, old.runq_ns)
-        p.wait_ns = _minus(cur.wait_ns, old.wait_ns)
-        if cur.woken_after_ns != old.woken_after_ns:
-            p.woken_after_ns = _minus(cur.woken_after_ns, old.woken_after_ns)
+        # (most maps of most processes are the same as at the refresh before: _minus says
+        # so at once; the dicts given, none is made to be replaced)
+        p = ProcessTime(cur.pid, max(finish - begin, 0), cur.cpu_ns - old.cpu_ns,
+                        _minus(cur.runq_ns, old.runq_ns), _minus(cur.wait_ns, old.wait_ns), {},
+                        _minus(cur.woken_after_ns, old.woken_after_ns), cur.woken_after_known,
+                        cur.born and not old.born, cur.exited and not old.exited)  # fmt: skip
         for wei, hist in cur.wait_hist.items():
             prior = old.wait_hist.get(wei, empty)
             if prior.buckets == hist.buckets:
@@ -418,7 +415,8 @@ def _add_totals(proc: Callable[[int], ProcessTime], pid: int, task: tuple[int, .
     slept in and the time asleep in it since it changed) rather than in @cpu_ns,
     @runq_ns and @wait_ns, which get them when it exits (the wait also when the event
     changes): one map update per switch or wakeup, not two."""
-    cpu, preempted, woken, wei, asleep = (list(task[4:9]) + [0] * 5)[:5]
+    fields = task[4:9] if len(task) >= 9 else (*task[4:], 0, 0, 0, 0, 0)[:5]
+    cpu, preempted, woken, wei, asleep = fields
     # waits.bt's field 9 is its run count, not these
     after, after_open = task[WOKEN_AFTER : WOKEN_AFTER + 2] if _from_object(task) else (0, 0)
     if not (cpu or preempted or woken or asleep):
