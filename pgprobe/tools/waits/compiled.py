@@ -10,7 +10,7 @@ wheel: pgprobe/bpf/build/), and this kernel loads it (raw BTF tracepoints and ta
 Linux 5.13+ with BTF); otherwise pgprobe runs bpf/waits.bt and says why in one line.
 `--engine bpftrace` asks for the script.
 
-Kept in one module (~600 lines) because the @task layout, the seed that writes it and the
+Kept in one module (~630 lines) because the @task layout, the seed that writes it and the
 reads that close its open intervals must agree field by field with bpf/waits.bpf.c; the
 query and lock dimensions' own parts of that (their fields, charges and maps) are
 querydim.py and lockdim.py."""
@@ -617,14 +617,13 @@ def _asleep_alone(
     kept = unmoved.kept.get(pid) if unmoved is not None else None
     if kept is None or kept.entry != raw[0] or kept.counters != raw[2]:
         return None
-    if "closed" not in kept.derived:
+    if "closed" not in kept.derived:  # not steady: its open sleep may not only lengthen
         return None
     if "query asleep" not in kept.derived:
         q, part = _query_fields(pid, raw), _open(raw)
         key = querydim.sleep_alone(pid, q, part)
-        kept.derived["query asleep"] = (
-            (querydim.totals(pid, q), key, raw[1] - part.slept) if key is not None else None
-        )
+        totals = kept.derived.get("query totals") or querydim.totals(pid, q)  # live()'s
+        kept.derived["query asleep"] = (totals, key, raw[1] - part.slept) if key else None
     return cast(tuple[querydim.Charges, querydim.Key5, int] | None, kept.derived["query asleep"])
 
 
