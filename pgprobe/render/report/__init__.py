@@ -59,12 +59,12 @@ from pgprobe.render.report import sections
 from pgprobe.render.report.locks import locks_section
 from pgprobe.render.report.sql import sql
 from pgprobe.render.report.statements import statements_section
-from pgprobe.render.report.templating import Markup, asset, esc, render
+from pgprobe.render.report.templating import Markup, asset, esc, render, warm
 from pgprobe.render.report.timebar import time_bar
 from pgprobe.render.report.timeline import timeline_svg
 from pgprobe.render.report.timemodel import time_model_section
 
-__all__ = ["CSP", "esc", "render_html", "timeline_svg"]
+__all__ = ["CSP", "esc", "render_html", "timeline_svg", "warm"]
 
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "

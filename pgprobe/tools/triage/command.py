@@ -74,7 +74,8 @@ def run(ns: argparse.Namespace) -> int:
     targets = common.prepare(ns, lambda _targets: None, OBJECTS)
     if targets.cluster.conninfo is None:
         raise PgprobeError("triage needs a connection to PostgreSQL (-h/-p/-U)", EXIT_USAGE)
-    doc = capture_window(ns, targets, starters(ns, targets))
+    # the report's templates compiled in the background while the window runs
+    doc = capture_window(ns, targets, starters(ns, targets), meanwhile=report.warm)
     profile = doc.pop("_profile", None)
     flame_svg = None
     if profile is not None:

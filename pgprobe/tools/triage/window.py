@@ -24,7 +24,6 @@ from pgprobe import discover, pgstats
 from pgprobe.discover import Targets
 from pgprobe.engines.runner import STARTUP_TIMEOUT_S
 from pgprobe.errors import PgprobeError
-from pgprobe.render.report import templating
 from pgprobe.tools import common
 from pgprobe.tools.triage.parts import Part, Starter, start_parts
 
@@ -32,9 +31,13 @@ NAME = "triage"
 
 
 def capture_window(
-    ns: argparse.Namespace, targets: Targets, starters: Sequence[tuple[str, Starter]]
+    ns: argparse.Namespace,
+    targets: Targets,
+    starters: Sequence[tuple[str, Starter]],
+    meanwhile: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
-    """Every part and the SQL readings over one window: the triage document, without findings."""
+    """Every part and the SQL readings over one window: the triage document, without findings.
+    meanwhile: started when the window opens (work for the end that need not wait for it)."""
     cluster = targets.cluster
     conninfo = cluster.conninfo
     assert conninfo is not None
@@ -46,7 +49,7 @@ def capture_window(
 
     def on_attached() -> None:
         # The SQL window opens when the probes are in, so both see the same seconds.
-        templating.warm()  # the report's templates compiled while the window runs
+        meanwhile()
         window["started_at"] = dt.datetime.now(dt.timezone.utc)
         try:
             with discover.connect_conninfo(conninfo) as conn:
