@@ -563,7 +563,7 @@ def _query_ns(
     rodata = query.rodata()
     # Most processes at most reads (1,000 idle backends under top): asleep all along since
     # the read before. Their charges are their totals and that sleep, to the read's end:
-    # kept, with the sleep's start, and not split again (a third of top's refresh was this).
+    # kept, with the sleep's start, and not split again (a fifth of top's refresh was this).
     asleep: dict[int, tuple[querydim.Charges, querydim.Key5, int]] = {}
     for pid in same or ():
         alone = _asleep_alone(pid, after[pid], unmoved)
